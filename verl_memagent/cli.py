@@ -1,0 +1,46 @@
+"""The `verl-memagent` command: one subcommand per job, each a thin wrapper over a module."""
+
+from __future__ import annotations
+
+import argparse
+from pathlib import Path
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from verl_memagent.doctor import main
+
+    return main(retriever=args.retriever)
+
+
+def _tiny_model(args: argparse.Namespace) -> int:
+    from verl_memagent.tiny_model import TinyModelSpec, save_tiny_model
+
+    spec = TinyModelSpec(hidden_size=args.hidden_size, num_layers=args.num_layers, seed=args.seed)
+    print(save_tiny_model(Path(args.out), spec=spec))
+    return 0
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="verl-memagent", description=__doc__)
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    doctor = sub.add_parser("doctor", help="check versions, plugin loading, GPUs and the retriever")
+    doctor.add_argument("--retriever", metavar="URL", help="also check that this retriever answers /health")
+    doctor.set_defaults(func=_doctor)
+
+    tiny = sub.add_parser("tiny-model", help="build a tiny random Qwen2 + local tokenizer (CPU tests, recipes)")
+    tiny.add_argument("--out", required=True, help="directory to save the model and tokenizer in")
+    tiny.add_argument("--hidden-size", type=int, default=128)
+    tiny.add_argument("--num-layers", type=int, default=2)
+    tiny.add_argument("--seed", type=int, default=0)
+    tiny.set_defaults(func=_tiny_model)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    return args.func(args)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
