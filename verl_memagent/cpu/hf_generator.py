@@ -1,0 +1,354 @@
+"""Token-in/token-out generation with transformers, batching concurrent requests: the `hf` rollout engine.
+
+verl's agent loops talk to an inference server through one call,
+`generate(request_id, prompt_ids=..., sampling_params=...) -> TokenOutput`. vLLM answers it on a GPU;
+`HFGenerator` answers it anywhere transformers runs, with vLLM's semantics:
+
+- sampling params as verl's agent loops pass them (`AgentLoopWorker.generate_sequences`, vLLM's
+  `SamplingParams` names): `temperature` (0 = greedy), `top_p`, `top_k` (-1 or 0 = off),
+  `repetition_penalty`, `logprobs` (bool), `max_tokens`/`max_new_tokens`, `stop` (strings),
+  `stop_token_ids`, `ignore_eos`, `seed`; an unknown key is an error, never silently ignored;
+- `log_probs` are vLLM's `processed_logprobs` (verl's default `rollout.logprobs_mode`): the log-softmax
+  of the logits after repetition penalty, temperature, top-k and top-p, taken at the sampled token;
+  greedy rows get the plain log-softmax. With top-k/top-p off this is exactly what verl's actor
+  computes, `log_softmax(logits / temperature)`, so rollout and trainer log-probs are comparable;
+- returned token ids end with the token that stopped generation (EOS, a stop token, or the token that
+  completed a stop string), as vLLM's `token_ids` do: the agent loop trains on exactly these ids.
+
+Concurrent `generate` calls are queued and decoded together as one left-padded batch with a KV cache
+(static batching: a batch runs until its last row stops, requests arriving meanwhile form the next).
+Decoding runs in a worker thread so the event loop keeps serving.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import threading
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import torch
+from verl.workers.rollout.replica import TokenOutput
+
+#: vLLM treats temperatures below this as greedy (vllm/sampling_params.py `_SAMPLING_EPS`).
+GREEDY_EPS = 1e-5
+
+_KNOWN_KEYS = frozenset(
+    {
+        "temperature",
+        "top_p",
+        "top_k",
+        "repetition_penalty",
+        "logprobs",
+        "max_tokens",
+        "max_new_tokens",
+        "stop",
+        "stop_token_ids",
+        "ignore_eos",
+        "seed",
+        # vLLM's flag only shapes the returned text; the token ids end with the stop token either way
+        "include_stop_str_in_output",
+    }
+)
+
+
+@dataclass
+class _Request:
+    """One `generate` call, validated, with the future its caller awaits."""
+
+    prompt_ids: list[int]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    top_k: int
+    repetition_penalty: float
+    want_logprobs: bool
+    stop: list[str]
+    stop_token_ids: set[int]
+    generator: torch.Generator | None
+    future: asyncio.Future
+    token_ids: list[int] = field(default_factory=list)
+    log_probs: list[float] = field(default_factory=list)
+    finish_reason: str | None = None
+
+
+class HFGenerator:
+    """Serve verl's token-in/token-out `generate` from a transformers causal LM, batching concurrent calls.
+
+    Args:
+        model: a causal LM (`AutoModelForCausalLM`); it is put in eval mode and used on its own device.
+        tokenizer: decodes generated tokens to match `stop` strings.
+        eos_token_ids: tokens that end generation unless a request sets `ignore_eos`.
+        max_model_len: prompt plus response may not exceed this.
+        default_max_tokens: used when a request names no `max_tokens` (verl: `rollout.response_length`).
+        max_batch_size: at most this many requests decode together.
+        batch_wait_s: after the first request of a batch arrives, wait this long for others to join.
+        seed: seeds sampling for requests that bring no `seed` of their own.
+    """
+
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        *,
+        eos_token_ids: Iterable[int],
+        max_model_len: int,
+        default_max_tokens: int,
+        max_batch_size: int = 64,
+        batch_wait_s: float = 0.005,
+        seed: int = 0,
+    ) -> None:
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self.eos_token_ids = set(eos_token_ids)
+        self.pad_token_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else min(self.eos_token_ids)
+        self.max_model_len = max_model_len
+        self.default_max_tokens = default_max_tokens
+        self.max_batch_size = max_batch_size
+        self.batch_wait_s = batch_wait_s
+        self.global_steps: int | None = None
+        self._sampling_generator = torch.Generator().manual_seed(seed)
+        self._model_lock = threading.Lock()
+        self._queue: asyncio.Queue[_Request] | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._worker: asyncio.Task | None = None
+
+    @classmethod
+    def from_pretrained(
+        cls,
+        path: str | Path,
+        *,
+        max_model_len: int,
+        default_max_tokens: int,
+        dtype: torch.dtype = torch.float32,
+        trust_remote_code: bool = False,
+        **kwargs: Any,
+    ) -> HFGenerator:
+        """Load model and tokenizer from a local directory; EOS ids from the generation config and tokenizer."""
+        from transformers import AutoModelForCausalLM, AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
+        model = AutoModelForCausalLM.from_pretrained(
+            path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
+        )
+        eos = model.generation_config.eos_token_id
+        eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
+        if tokenizer.eos_token_id is not None:
+            eos_ids.add(tokenizer.eos_token_id)
+        return cls(
+            model,
+            tokenizer,
+            eos_token_ids=eos_ids,
+            max_model_len=max_model_len,
+            default_max_tokens=default_max_tokens,
+            **kwargs,
+        )
+
+    # ----------------------------------------------------------------------------------------- weights
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
+        """Copy full tensors (HF parameter names, e.g. from FSDP's `get_per_tensor_param`) into the model.
+
+        Waits for a running batch to finish. Returns how many tensors were loaded; an unknown name or
+        a shape mismatch raises instead of being skipped.
+        """
+        params = dict(self.model.named_parameters(remove_duplicate=False))  # tied weights under both names
+        params.update(self.model.named_buffers(remove_duplicate=False))
+        loaded = 0
+        with self._model_lock, torch.no_grad():
+            for name, tensor in weights:
+                if name not in params:
+                    raise KeyError(f"load_weights: {name!r} is not a parameter of {type(self.model).__name__}")
+                target = params[name]
+                if target.shape != tensor.shape:
+                    raise ValueError(
+                        f"load_weights: {name!r} has shape {tuple(tensor.shape)}, expected {tuple(target.shape)}"
+                    )
+                target.copy_(tensor.to(device=target.device, dtype=target.dtype))
+                loaded += 1
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return loaded
+
+    # -------------------------------------------------------------------------------------- generation
+    async def generate(
+        self, request_id: str, *, prompt_ids: Sequence[int], sampling_params: dict[str, Any], **kwargs: Any
+    ) -> TokenOutput:
+        """Generate one response; concurrent calls are decoded together. Multimodal inputs are refused."""
+        media = {k: v for k, v in kwargs.items() if k.endswith("_data") and v is not None}
+        if media:
+            raise ValueError(f"hf rollout generates text only; got {sorted(media)} for request {request_id}")
+        self._ensure_worker()
+        request = self._make_request(list(prompt_ids), dict(sampling_params))
+        await self._queue.put(request)
+        await request.future
+        return TokenOutput(
+            token_ids=request.token_ids,
+            log_probs=request.log_probs if request.want_logprobs else None,
+            stop_reason="completed",
+            extra_fields={"finish_reason": request.finish_reason, "global_steps": self.global_steps},
+        )
+
+    def _make_request(self, prompt_ids: list[int], params: dict[str, Any]) -> _Request:
+        unknown = set(params) - _KNOWN_KEYS
+        if unknown:
+            raise ValueError(
+                f"hf rollout: unsupported sampling_params {sorted(unknown)}; supported: {sorted(_KNOWN_KEYS)}"
+            )
+        if not prompt_ids:
+            raise ValueError("hf rollout: prompt_ids is empty")
+        room = self.max_model_len - len(prompt_ids)
+        if room < 1:
+            raise ValueError(
+                f"hf rollout: prompt of {len(prompt_ids)} tokens leaves no room within "
+                f"max_model_len={self.max_model_len}"
+            )
+        max_tokens = params.get("max_tokens", params.get("max_new_tokens"))
+        max_tokens = self.default_max_tokens if max_tokens is None else int(max_tokens)
+        if max_tokens < 1:
+            raise ValueError(f"hf rollout: max_tokens must be >= 1, got {max_tokens}")
+        temperature = float(params.get("temperature", 1.0))
+        top_p = float(params.get("top_p", 1.0))
+        top_k = int(params.get("top_k", -1))
+        penalty = float(params.get("repetition_penalty", 1.0))
+        if temperature < 0 or not 0 < top_p <= 1 or top_k < -1 or penalty <= 0:
+            raise ValueError(
+                f"hf rollout: invalid sampling_params temperature={temperature} (>= 0), top_p={top_p} (in (0, 1]), "
+                f"top_k={top_k} (-1, 0 or positive), repetition_penalty={penalty} (> 0)"
+            )
+        stop = params.get("stop") or []
+        seed = params.get("seed")
+        return _Request(
+            prompt_ids=prompt_ids,
+            max_tokens=min(max_tokens, room),
+            temperature=temperature,
+            top_p=top_p,
+            top_k=top_k,
+            repetition_penalty=penalty,
+            want_logprobs=bool(params.get("logprobs", False)),
+            stop=[stop] if isinstance(stop, str) else list(stop),
+            stop_token_ids=set(params.get("stop_token_ids") or [])
+            | (set() if params.get("ignore_eos", False) else self.eos_token_ids),
+            generator=None if seed is None else torch.Generator().manual_seed(int(seed)),
+            future=asyncio.get_running_loop().create_future(),
+        )
+
+    def _ensure_worker(self) -> None:
+        """Start the batching task in the running loop (again, if a previous loop has gone)."""
+        loop = asyncio.get_running_loop()
+        if self._loop is not loop or self._worker is None or self._worker.done():
+            self._loop = loop
+            self._queue = asyncio.Queue()
+            self._worker = loop.create_task(self._serve(self._queue))
+
+    async def _serve(self, queue: asyncio.Queue[_Request]) -> None:
+        while True:
+            batch = [await queue.get()]
+            await asyncio.sleep(self.batch_wait_s)
+            while not queue.empty() and len(batch) < self.max_batch_size:
+                batch.append(queue.get_nowait())
+            try:
+                await asyncio.to_thread(self._decode, batch)
+            except Exception as e:  # every waiting caller sees the error, the server keeps serving
+                for request in batch:
+                    if not request.future.done():
+                        request.future.set_exception(e)
+                continue
+            for request in batch:
+                if not request.future.done():
+                    request.future.set_result(None)
+
+    @torch.inference_mode()
+    def _decode(self, batch: list[_Request]) -> None:
+        """Decode `batch` as one left-padded batch with a KV cache until every row has stopped."""
+        with self._model_lock:
+            device = next(self.model.parameters()).device
+            width = max(len(r.prompt_ids) for r in batch)
+            input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
+            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+            for row, request in enumerate(batch):
+                input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
+                attention_mask[row, width - len(request.prompt_ids) :] = 1
+            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
+            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
+            seen = [torch.tensor(r.prompt_ids, device=device) for r in batch]  # for the repetition penalty
+            sampler = _BatchSampler(batch, device)
+            past = None
+            for _ in range(max(r.max_tokens for r in batch)):
+                out = self.model(
+                    input_ids=input_ids,
+                    attention_mask=attention_mask,
+                    position_ids=position_ids,
+                    past_key_values=past,
+                    use_cache=True,
+                )
+                past = out.past_key_values
+                tokens, log_probs = sampler.sample(out.logits[:, -1, :].float(), seen, self._sampling_generator)
+                for row, request in enumerate(batch):
+                    if request.finish_reason is None:
+                        self._append(request, int(tokens[row]), float(log_probs[row]))
+                        seen[row] = torch.cat([seen[row], tokens[row : row + 1]])
+                if all(r.finish_reason is not None for r in batch):
+                    return
+                input_ids = tokens[:, None]
+                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(batch), 1))], dim=-1)
+                position_ids = position_ids[:, -1:] + 1
+
+    def _append(self, request: _Request, token: int, log_prob: float) -> None:
+        request.token_ids.append(token)
+        request.log_probs.append(log_prob)
+        if token in request.stop_token_ids:
+            request.finish_reason = "stop"
+        elif request.stop and any(s in self.tokenizer.decode(request.token_ids) for s in request.stop):
+            request.finish_reason = "stop"
+        elif len(request.token_ids) >= request.max_tokens:
+            request.finish_reason = "length"
+
+
+class _BatchSampler:
+    """Per-row sampling with vLLM's order: repetition penalty, temperature, top-k, top-p, then sample."""
+
+    def __init__(self, batch: list[_Request], device: torch.device) -> None:
+        self.batch = batch
+        self.greedy = torch.tensor([r.temperature < GREEDY_EPS for r in batch], device=device)
+        self.temperature = torch.tensor([max(r.temperature, GREEDY_EPS) for r in batch], device=device)[:, None]
+        self.top_k = torch.tensor([r.top_k if r.top_k > 0 else -1 for r in batch], device=device)
+        self.top_p = torch.tensor([r.top_p for r in batch], device=device)[:, None]
+        self.penalty = [r.repetition_penalty for r in batch]
+
+    def sample(
+        self, logits: torch.Tensor, seen: list[torch.Tensor], default_generator: torch.Generator
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Return the sampled token of each row and its processed log-probability."""
+        for row, penalty in enumerate(self.penalty):
+            if penalty != 1.0:
+                ids = seen[row].unique()
+                values = logits[row, ids]
+                logits[row, ids] = torch.where(values > 0, values / penalty, values * penalty)
+        greedy_logp = torch.log_softmax(logits, dim=-1)
+        greedy_tokens = logits.argmax(dim=-1)
+
+        processed = self._top_k_top_p(logits / self.temperature)
+        logp = torch.log_softmax(processed, dim=-1)
+        probs = logp.exp()
+        sampled = torch.empty_like(greedy_tokens)
+        for row, request in enumerate(self.batch):
+            if self.greedy[row]:
+                sampled[row] = greedy_tokens[row]
+            else:
+                generator = request.generator or default_generator
+                sampled[row] = torch.multinomial(probs[row].cpu(), 1, generator=generator).item()
+        chosen = torch.where(self.greedy[:, None], greedy_logp, logp)
+        return sampled, chosen.gather(-1, sampled[:, None]).squeeze(-1)
+
+    def _top_k_top_p(self, logits: torch.Tensor) -> torch.Tensor:
+        """Mask logits outside each row's top-k, then outside its nucleus of mass top-p (at least one kept)."""
+        sorted_logits, order = logits.sort(dim=-1, descending=True)
+        rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
+        k = torch.where(self.top_k > 0, self.top_k, logits.shape[-1])[:, None]
+        sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
+        probs = sorted_logits.softmax(dim=-1)
+        mass_before = probs.cumsum(dim=-1) - probs
+        sorted_logits = sorted_logits.masked_fill((mass_before >= self.top_p) & (rank > 0), float("-inf"))
+        return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)
