@@ -1,0 +1,117 @@
+"""`python -m retriever_server build ...` and `python -m retriever_server serve ...`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from retriever_server.corpus import CorpusError
+from retriever_server.dense import INDEX_KINDS
+from retriever_server.index import KINDS, DenseOptions, IndexLoadError, LoadOptions
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="python -m retriever_server", description=__doc__)
+    commands = parser.add_subparsers(dest="command", required=True)
+
+    build = commands.add_parser("build", help="build an index directory from a JSON-lines corpus")
+    build.add_argument("--kind", choices=KINDS, required=True)
+    build.add_argument(
+        "--corpus", type=Path, required=True, help='JSON lines {"id","contents"} or {"id","title","text"}'
+    )
+    build.add_argument("--out", type=Path, required=True, help="index directory to write")
+    build.add_argument("--encoder", help="dense: model directory or hub name (e.g. intfloat/e5-base-v2)")
+    build.add_argument("--family", default="auto", choices=("auto", "e5", "bge", "st"), help="dense: conventions")
+    build.add_argument("--index-type", default="flat", choices=INDEX_KINDS, help="dense: vector index kind")
+    build.add_argument(
+        "--prebuilt-faiss", type=Path, help="dense: an existing faiss index of this corpus (no encoding)"
+    )
+    build.add_argument("--batch-size", type=int, default=64, help="dense: passages per encoder batch")
+    build.add_argument("--device", help="dense: torch device for encoding (default: cuda if present)")
+    build.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+
+    serve = commands.add_parser("serve", help="serve an index over HTTP")
+    serve.add_argument("--index", type=Path, required=True)
+    serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
+    serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
+    serve.add_argument("--port-file", type=Path, help="write the bound port to this file")
+    serve.add_argument("--topk-default", type=int, default=3)
+    serve.add_argument("--topk-max", type=int, default=50, help="largest topk accepted; every query is searched to it")
+    serve.add_argument("--max-queries", type=int, default=1024, help="queries per request")
+    serve.add_argument("--max-query-chars", type=int, default=4096)
+    serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    serve.add_argument("--max-batch", type=int, default=256, help="queries per shared encoder/index batch")
+    serve.add_argument("--max-wait-ms", type=float, default=2.0, help="wait for more queries before a batch")
+    serve.add_argument("--cache-size", type=int, default=100_000, help="LRU entries (0 disables the cache)")
+    serve.add_argument("--token-env", help="name of an environment variable holding a bearer token to require")
+    serve.add_argument("--device", help="dense: torch device of the query encoder / torch index")
+    serve.add_argument("--quantize", choices=("int8",), help="dense on CPU: int8 dynamic quantisation of the encoder")
+    serve.add_argument("--query-batch-size", type=int, default=64, help="dense: queries per encoder forward pass")
+    serve.add_argument("--nprobe", type=int, default=32, help="ivfpq: lists probed per query")
+    serve.add_argument("--ef-search", type=int, default=128, help="hnsw: search breadth")
+    serve.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    serve.add_argument("--log-level", default="warning")
+    return parser
+
+
+def _build(args: argparse.Namespace) -> int:
+    dense = None
+    if args.kind == "dense":
+        if not args.encoder:
+            raise ValueError("--kind dense needs --encoder (a local model directory or a hub name)")
+        dense = DenseOptions(
+            args.encoder, args.family, args.index_type, args.prebuilt_faiss, args.batch_size, args.device
+        )
+    from retriever_server.index import build_index
+
+    meta = build_index(args.kind, args.corpus, args.out, dense=dense, threads=args.threads)
+    print(f"built {meta['kind']} index of {meta['num_passages']} passages in {args.out} ({meta['build_seconds']} s)")
+    return 0
+
+
+def _serve(args: argparse.Namespace) -> int:
+    from retriever_server.app import ServerLimits
+    from retriever_server.server import serve
+
+    token = None
+    if args.token_env:
+        token = os.environ.get(args.token_env)
+        if not token:
+            raise ValueError(f"--token-env: environment variable {args.token_env} is unset or empty")
+    if args.threads:
+        import torch
+
+        torch.set_num_threads(args.threads)
+    limits = ServerLimits(
+        args.topk_default, args.topk_max, args.max_queries, args.max_query_chars, args.max_body_bytes, token
+    )
+    load = LoadOptions(
+        args.device, args.quantize, args.query_batch_size, args.nprobe, args.ef_search, args.threads or 2
+    )
+    return serve(
+        args.index,
+        host=args.host,
+        port=args.port,
+        limits=limits,
+        load=load,
+        max_batch=args.max_batch,
+        max_wait_ms=args.max_wait_ms,
+        cache_size=args.cache_size,
+        port_file=args.port_file,
+        log_level=args.log_level,
+    )
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    try:
+        return _build(args) if args.command == "build" else _serve(args)
+    except (CorpusError, IndexLoadError, ValueError, RuntimeError) as exc:
+        print(f"retriever_server {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

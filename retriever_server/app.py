@@ -1,0 +1,217 @@
+"""The HTTP API (FastAPI): Search-R1's `/retrieve`, MemSearcher's `/search` and `/batch_search`,
+`/health` and `/stats`. Request bodies are parsed and validated by pydantic straight from bytes; a
+client mistake is a 4xx whose message names the field, never a 500."""
+
+from __future__ import annotations
+
+import hmac
+import json
+import time
+from collections import deque
+from dataclasses import dataclass
+
+import numpy as np
+from fastapi import Depends, FastAPI, HTTPException, Request, Response
+from pydantic import BaseModel, ConfigDict, StrictBool, StrictInt, StrictStr, ValidationError
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from retriever_server.engine import Hits, SearchEngine
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """Request limits and defaults; `topk_max` is also the depth every query is searched to."""
+
+    topk_default: int = 3
+    topk_max: int = 50
+    max_queries: int = 1024
+    max_query_chars: int = 4096
+    max_body_bytes: int = 4 * 1024 * 1024
+    token: str | None = None
+
+
+class _Body(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class RetrieveRequest(_Body):
+    """Search-R1: `{"queries": [...], "topk": k | null, "return_scores": bool}`."""
+
+    queries: list[StrictStr]
+    topk: StrictInt | None = None
+    return_scores: StrictBool = False
+
+
+class SearchRequest(_Body):
+    """MemSearcher: `{"query": str, "top_n": k, "return_score": bool}`."""
+
+    query: StrictStr
+    top_n: StrictInt | None = None
+    return_score: StrictBool = False
+
+
+class BatchSearchRequest(_Body):
+    """MemSearcher: `{"query": [str, ...], "top_n": k, "return_score": bool}`."""
+
+    query: list[StrictStr]
+    top_n: StrictInt | None = None
+    return_score: StrictBool = False
+
+
+class _Metrics:
+    def __init__(self, window: int = 10_000):
+        self.requests: dict[str, int] = {}
+        self.client_errors = 0
+        self.latencies_ms: deque[float] = deque(maxlen=window)
+
+    def percentiles(self) -> dict[str, float | None]:
+        values = np.fromiter(self.latencies_ms, dtype=np.float64)
+        if not len(values):
+            return {"p50": None, "p90": None, "p99": None}
+        p50, p90, p99 = np.percentile(values, [50, 90, 99])
+        return {"p50": round(p50, 2), "p90": round(p90, 2), "p99": round(p99, 2)}
+
+
+def _json(payload, status_code: int = 200) -> Response:
+    body = json.dumps(payload, ensure_ascii=False, separators=(",", ":"))
+    return Response(body, status_code=status_code, media_type="application/json")
+
+
+def _field_errors(exc: ValidationError) -> str:
+    parts = []
+    for error in exc.errors(include_url=False):
+        where = ".".join(str(part) for part in error["loc"]) or "body"
+        parts.append(f"{where}: {error['msg']}")
+    return "; ".join(parts[:5])
+
+
+def create_app(limits: ServerLimits) -> FastAPI:
+    """The API; `app.state.engine` is None until the index is loaded (then /health says ready)."""
+    app = FastAPI(title="retriever_server", docs_url=None, redoc_url=None, openapi_url=None)
+    app.state.engine = None
+    app.state.started = time.time()
+    metrics = _Metrics()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(request: Request, exc: StarletteHTTPException) -> Response:
+        if 400 <= exc.status_code < 500:
+            metrics.client_errors += 1
+        return _json({"detail": exc.detail}, exc.status_code)
+
+    async def authorize(request: Request) -> None:
+        if limits.token is None:
+            return
+        header = request.headers.get("authorization", "")
+        scheme, _, token = header.partition(" ")
+        if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), limits.token.encode()):
+            raise HTTPException(401, "Authorization: expected `Bearer <token>` with the server's token")
+
+    async def parse(request: Request, model: type[_Body]) -> _Body:
+        declared = request.headers.get("content-length")
+        if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
+            raise HTTPException(413, f"body: {declared} bytes, the limit is {limits.max_body_bytes}")
+        body = bytearray()
+        async for chunk in request.stream():
+            body += chunk
+            if len(body) > limits.max_body_bytes:
+                raise HTTPException(413, f"body: over the limit of {limits.max_body_bytes} bytes")
+        try:
+            return model.model_validate_json(bytes(body))
+        except ValidationError as exc:
+            raise HTTPException(422, _field_errors(exc)) from None
+
+    def check(queries: list[str], topk: int | None, queries_field: str, topk_field: str) -> int:
+        if not queries:
+            raise HTTPException(422, f"{queries_field}: empty; send at least one query")
+        if len(queries) > limits.max_queries:
+            raise HTTPException(422, f"{queries_field}: {len(queries)} queries, the limit is {limits.max_queries}")
+        for i, query in enumerate(queries):
+            if len(query) > limits.max_query_chars:
+                raise HTTPException(422, f"{queries_field}.{i}: {len(query)} characters, the limit is "
+                                         f"{limits.max_query_chars}")  # fmt: skip
+        topk = limits.topk_default if topk is None else topk
+        if not 1 <= topk <= limits.topk_max:
+            raise HTTPException(422, f"{topk_field}: {topk} is outside 1..{limits.topk_max}")
+        return topk
+
+    async def run(queries: list[str], endpoint: str) -> list[Hits]:
+        engine: SearchEngine | None = app.state.engine
+        if engine is None:
+            raise HTTPException(503, "index: still loading; retry when GET /health says ready")
+        metrics.requests[endpoint] = metrics.requests.get(endpoint, 0) + 1
+        return await engine.search(queries)
+
+    def documents(hits: Hits, topk: int, with_scores: bool, nested: bool) -> list[dict]:
+        store = app.state.engine.searcher.store
+        out = []
+        for row, score in zip(hits.rows[:topk].tolist(), hits.scores[:topk].tolist(), strict=True):
+            if row < 0:
+                break
+            doc = {"id": store.doc_id(row), "contents": store.contents(row)}
+            if nested and with_scores:
+                out.append({"document": doc, "score": score})
+            else:
+                out.append({**doc, "score": score} if with_scores else doc)
+        return out
+
+    @app.post("/retrieve", dependencies=[Depends(authorize)])
+    async def retrieve(request: Request) -> Response:
+        started = time.perf_counter()
+        body: RetrieveRequest = await parse(request, RetrieveRequest)
+        topk = check(body.queries, body.topk, "queries", "topk")
+        results = await run(body.queries, "retrieve")
+        payload = {"result": [documents(h, topk, body.return_scores, nested=True) for h in results]}
+        metrics.latencies_ms.append((time.perf_counter() - started) * 1000)
+        return _json(payload)
+
+    @app.post("/search", dependencies=[Depends(authorize)])
+    async def search(request: Request) -> Response:
+        started = time.perf_counter()
+        body: SearchRequest = await parse(request, SearchRequest)
+        topk = check([body.query], body.top_n, "query", "top_n")
+        (hits,) = await run([body.query], "search")
+        payload = documents(hits, topk, body.return_score, nested=False)
+        metrics.latencies_ms.append((time.perf_counter() - started) * 1000)
+        return _json(payload)
+
+    @app.post("/batch_search", dependencies=[Depends(authorize)])
+    async def batch_search(request: Request) -> Response:
+        started = time.perf_counter()
+        body: BatchSearchRequest = await parse(request, BatchSearchRequest)
+        topk = check(body.query, body.top_n, "query", "top_n")
+        results = await run(body.query, "batch_search")
+        payload = [documents(h, topk, body.return_score, nested=False) for h in results]
+        metrics.latencies_ms.append((time.perf_counter() - started) * 1000)
+        return _json(payload)
+
+    @app.get("/health")
+    async def health() -> Response:
+        engine: SearchEngine | None = app.state.engine
+        if engine is None:
+            return _json({"status": "loading"}, 503)
+        return _json({"status": "ready", **engine.searcher.description})
+
+    @app.get("/stats", dependencies=[Depends(authorize)])
+    async def stats() -> Response:
+        engine: SearchEngine | None = app.state.engine
+        engine_stats = engine.stats if engine is not None else None
+        payload = {
+            "ready": engine is not None,
+            "uptime_s": round(time.time() - app.state.started, 1),
+            "requests": dict(metrics.requests),
+            "client_errors": metrics.client_errors,
+            "latency_ms": metrics.percentiles(),
+            "index": engine.searcher.description if engine is not None else None,
+        }
+        if engine_stats is not None:
+            payload.update(
+                queries=engine_stats.queries,
+                cache_hits=engine_stats.cache_hits,
+                joined_in_flight=engine_stats.joined_in_flight,
+                batches=engine_stats.batches,
+                mean_batch=round(engine_stats.searched / engine_stats.batches, 2) if engine_stats.batches else None,
+                search_seconds=round(engine_stats.search_seconds, 3),
+            )
+        return _json(payload)
+
+    return app

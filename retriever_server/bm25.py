@@ -1,0 +1,48 @@
+"""BM25 over the corpus store with bm25s + PyStemmer (no Java): built once, memory-mapped at load."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import bm25s
+import numpy as np
+import Stemmer
+
+from retriever_server.corpus import CorpusStore
+
+LANGUAGE = "english"
+STOPWORDS = "en"
+
+
+def _tokenize(texts: list[str], stemmer: Stemmer.Stemmer, *, ids: bool, show_progress: bool = False):
+    return bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=stemmer, return_ids=ids, show_progress=show_progress)
+
+
+def build_bm25(store: CorpusStore, out_dir: Path, *, show_progress: bool = True) -> dict:
+    """Index every passage's contents (title and text) and save the bm25s files to `out_dir`."""
+    stemmer = Stemmer.Stemmer(LANGUAGE)
+    tokens = _tokenize(list(store.iter_contents()), stemmer, ids=True, show_progress=show_progress)
+    retriever = bm25s.BM25()
+    retriever.index(tokens, show_progress=show_progress)
+    retriever.save(str(out_dir))
+    return {"stemmer": LANGUAGE, "stopwords": STOPWORDS, "vocab_size": len(tokens.vocab)}
+
+
+class BM25Index:
+    """Searches a saved bm25s index; the score matrix stays memory-mapped on disk."""
+
+    def __init__(self, index_dir: Path, num_passages: int):
+        self._retriever = bm25s.BM25.load(str(index_dir), mmap=True, show_progress=False)
+        self._stemmer = Stemmer.Stemmer(LANGUAGE)
+        self._num_passages = num_passages
+
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Rows and scores of the top k per query; rows are -1 where fewer than k passages match."""
+        k_eff = min(k, self._num_passages)
+        tokens = _tokenize(queries, self._stemmer, ids=False)
+        rows, scores = self._retriever.retrieve(tokens, k=k_eff, show_progress=False)
+        rows = np.where(scores > 0, rows, -1).astype(np.int64)
+        if k_eff < k:
+            pad = ((0, 0), (0, k - k_eff))
+            rows, scores = np.pad(rows, pad, constant_values=-1), np.pad(scores, pad)
+        return rows, scores.astype(np.float32)

@@ -1,0 +1,147 @@
+"""Text encoders for dense retrieval, with each model family's conventions.
+
+- e5 (`intfloat/e5-*`): `query: ` / `passage: ` prefixes, mean pooling, L2 normalisation.
+- bge (`BAAI/bge-*`): CLS pooling, normalisation, an instruction before queries only.
+- sentence-transformers models (a `modules.json` beside the weights): pooling, normalisation,
+  maximum length and prompts as their config files say.
+Anything else: mean pooling and normalisation. Batches are formed from texts of similar length
+(fewer pad tokens), run under `torch.inference_mode`, fp16 on GPU; on CPU optionally int8
+(dynamic quantisation of the linear layers).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm import tqdm
+
+BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+
+
+@dataclass(frozen=True)
+class EncoderSpec:
+    """How to turn text into a vector with one model; stored in the index's meta.json."""
+
+    model: str
+    pooling: str = "mean"  # "mean" or "cls"
+    normalize: bool = True
+    query_prefix: str = ""
+    passage_prefix: str = ""
+    max_length: int = 512
+
+    def to_json(self) -> dict:
+        return asdict(self)
+
+
+def _read_json(model_dir: Path, name: str) -> dict | list | None:
+    path = model_dir / name
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def _sentence_transformers_spec(model: str, model_dir: Path) -> EncoderSpec | None:
+    modules = _read_json(model_dir, "modules.json")
+    if not isinstance(modules, list):
+        return None
+    pooling = "mean"
+    for module in modules:
+        if module.get("type", "").endswith("Pooling"):
+            config = _read_json(model_dir / module.get("path", ""), "config.json") or {}
+            pooling = "cls" if config.get("pooling_mode_cls_token") else "mean"
+    normalize = any(module.get("type", "").endswith("Normalize") for module in modules)
+    bert_config = _read_json(model_dir, "sentence_bert_config.json") or {}
+    prompts = (_read_json(model_dir, "config_sentence_transformers.json") or {}).get("prompts") or {}
+    return EncoderSpec(
+        model=model,
+        pooling=pooling,
+        normalize=normalize,
+        query_prefix=prompts.get("query", ""),
+        passage_prefix=prompts.get("passage", prompts.get("document", "")),
+        max_length=int(bert_config.get("max_seq_length", 512)),
+    )
+
+
+def resolve_spec(model: str, family: str = "auto") -> EncoderSpec:
+    """The conventions of `model` (a local directory or a hub name); `family` overrides detection."""
+    name = model.lower().rstrip("/").rsplit("/", 1)[-1]
+    if family == "auto":
+        family = "e5" if "e5" in name else "bge" if "bge" in name else "st"
+    if family == "e5":
+        return EncoderSpec(model, "mean", True, "query: ", "passage: ", 512)
+    if family == "bge":
+        return EncoderSpec(model, "cls", True, BGE_QUERY_INSTRUCTION, "", 512)
+    if family == "st":
+        return _sentence_transformers_spec(model, Path(model)) or EncoderSpec(model)
+    raise ValueError(f"family: expected auto, e5, bge or st, got {family!r}")
+
+
+class Encoder:
+    """A loaded transformer that embeds queries and passages as `EncoderSpec` prescribes."""
+
+    def __init__(self, spec: EncoderSpec, *, device: str | None = None, quantize: str | None = None):
+        from transformers import AutoModel, AutoTokenizer
+
+        self.spec = spec
+        self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        self._tokenizer = AutoTokenizer.from_pretrained(spec.model)
+        model = AutoModel.from_pretrained(spec.model).eval()
+        if self.device.type == "cuda":
+            model = model.half()
+        elif quantize == "int8":
+            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
+        elif quantize is not None:
+            raise ValueError(f"quantize: expected None or 'int8', got {quantize!r}")
+        self._model = model.to(self.device)
+        self.dim = int(self._model.config.hidden_size)
+
+    def encode_queries(self, queries: list[str], batch_size: int = 64) -> np.ndarray:
+        return self._encode([self.spec.query_prefix + q for q in queries], batch_size, self.spec.max_length)
+
+    def encode_passages(self, passages: list[str], batch_size: int = 64) -> np.ndarray:
+        return self._encode([self.spec.passage_prefix + p for p in passages], batch_size, self.spec.max_length)
+
+    def _encode(self, texts: list[str], batch_size: int, max_length: int) -> np.ndarray:
+        """Float32 [len(texts), dim]; texts are batched by similar length, output in input order."""
+        out = np.empty((len(texts), self.dim), dtype=np.float32)
+        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
+        for start in range(0, len(order), batch_size):
+            chunk = order[start : start + batch_size]
+            out[chunk] = self._embed_batch([texts[i] for i in chunk], max_length)
+        return out
+
+    @torch.inference_mode()
+    def _embed_batch(self, texts: list[str], max_length: int) -> np.ndarray:
+        inputs = self._tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+        inputs = {key: value.to(self.device) for key, value in inputs.items()}
+        hidden = self._model(**inputs).last_hidden_state
+        if self.spec.pooling == "cls":
+            pooled = hidden[:, 0]
+        else:
+            mask = inputs["attention_mask"].unsqueeze(-1).to(hidden.dtype)
+            pooled = (hidden * mask).sum(dim=1) / mask.sum(dim=1).clamp(min=1)
+        pooled = pooled.float()
+        if self.spec.normalize:
+            pooled = torch.nn.functional.normalize(pooled, dim=-1)
+        return pooled.cpu().numpy()
+
+
+def encode_corpus(
+    encoder: Encoder,
+    passages: Callable[[int, int], list[str]],
+    count: int,
+    out: np.ndarray,
+    *,
+    chunk: int = 4096,
+    batch_size: int = 64,
+    show_progress: bool = True,
+) -> None:
+    """Embed passages [0, count) into `out` (e.g. a memory-mapped .npy) chunk by chunk, with a progress bar."""
+    with tqdm(total=count, desc="encode", unit=" passages", disable=not show_progress) as bar:
+        for start in range(0, count, chunk):
+            stop = min(start + chunk, count)
+            out[start:stop] = encoder.encode_passages(passages(start, stop), batch_size)
+            bar.update(stop - start)

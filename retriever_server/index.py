@@ -1,0 +1,190 @@
+"""An index directory: `meta.json` (written last, so a half-built directory never loads), the corpus
+store in `corpus/`, and the kind's own files. `build_index` makes one, `load_searcher` opens one."""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol
+
+import numpy as np
+
+from retriever_server.corpus import CorpusError, CorpusStore, build_store
+from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FAISS_KINDS, INDEX_KINDS, FaissIndex, build_faiss
+
+META_FILE = "meta.json"
+FORMAT_VERSION = 1
+KINDS = ("bm25", "dense", "pyserini")
+
+
+class IndexLoadError(RuntimeError):
+    """An index directory that cannot be served; the message says what is wrong and how to fix it."""
+
+
+@dataclass
+class DenseOptions:
+    """Build options of `--kind dense`."""
+
+    encoder: str
+    family: str = "auto"
+    index_type: str = "flat"
+    prebuilt_faiss: Path | None = None
+    batch_size: int = 64
+    device: str | None = None
+
+
+@dataclass
+class LoadOptions:
+    """Serve-time options: where to run the encoder and how hard approximate indexes search."""
+
+    device: str | None = None
+    quantize: str | None = None
+    query_batch_size: int = 64
+    nprobe: int = 32
+    ef_search: int = 128
+    threads: int = 2
+
+
+class RowSearcher(Protocol):
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]: ...
+
+
+def build_index(
+    kind: str,
+    corpus: Path,
+    out_dir: Path,
+    *,
+    dense: DenseOptions | None = None,
+    threads: int = 2,
+    show_progress: bool = True,
+) -> dict:
+    """Build an index of `kind` for the JSON-lines `corpus` in `out_dir`; returns its meta."""
+    if kind not in KINDS:
+        raise ValueError(f"--kind: expected one of {KINDS}, got {kind!r}")
+    if kind == "dense" and dense is None:
+        raise ValueError("--kind dense needs --encoder (a local model directory or a hub name)")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / META_FILE).unlink(missing_ok=True)
+    started = time.perf_counter()
+    num_passages = build_store(corpus, out_dir / "corpus", show_progress=show_progress)
+    store = CorpusStore(out_dir / "corpus")
+    meta: dict = {"format": FORMAT_VERSION, "kind": kind, "num_passages": num_passages, "corpus": str(corpus)}
+    if kind == "bm25":
+        from retriever_server.bm25 import build_bm25
+
+        meta["bm25"] = build_bm25(store, out_dir / "bm25", show_progress=show_progress)
+    elif kind == "pyserini":
+        from retriever_server.pyserini_index import build_pyserini
+
+        meta["pyserini"] = build_pyserini(store, out_dir / "lucene", threads=threads)
+    else:
+        meta["dense"] = _build_dense(store, out_dir, dense, show_progress)
+    meta["build_seconds"] = round(time.perf_counter() - started, 2)
+    tmp = out_dir / (META_FILE + ".tmp")
+    tmp.write_text(json.dumps(meta, indent=2))
+    os.replace(tmp, out_dir / META_FILE)
+    return meta
+
+
+def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, show_progress: bool) -> dict:
+    from retriever_server.encoders import Encoder, encode_corpus, resolve_spec
+
+    if options.index_type not in INDEX_KINDS:
+        raise ValueError(f"--index-type: expected one of {INDEX_KINDS}, got {options.index_type!r}")
+    spec = resolve_spec(options.encoder, options.family)
+    meta = {"index_type": options.index_type, "encoder": spec.to_json()}
+    if options.prebuilt_faiss is not None:
+        prebuilt = FaissIndex(Path(options.prebuilt_faiss).resolve())
+        if prebuilt.ntotal != len(store):
+            raise IndexLoadError(f"--prebuilt-faiss holds {prebuilt.ntotal} vectors, the corpus {len(store)} passages")
+        (out_dir / FAISS_FILE).unlink(missing_ok=True)
+        (out_dir / FAISS_FILE).symlink_to(Path(options.prebuilt_faiss).resolve())
+        return {**meta, "index_type": "flat", "dim": prebuilt.dim, "prebuilt": str(options.prebuilt_faiss)}
+    encoder = Encoder(spec, device=options.device)
+    embeddings_path = out_dir / EMBEDDINGS_FILE
+    embeddings = np.lib.format.open_memmap(
+        embeddings_path, mode="w+", dtype=np.float32, shape=(len(store), encoder.dim)
+    )
+    encode_corpus(
+        encoder,
+        lambda start, stop: list(store.iter_contents(start, stop)),
+        len(store),
+        embeddings,
+        batch_size=options.batch_size,
+        show_progress=show_progress,
+    )
+    embeddings.flush()
+    if options.index_type in FAISS_KINDS:
+        build_faiss(embeddings, options.index_type, out_dir / FAISS_FILE, show_progress=show_progress)
+        del embeddings
+        embeddings_path.unlink()
+    return {**meta, "dim": encoder.dim}
+
+
+def read_meta(index_dir: Path) -> dict:
+    """meta.json of a finished index, checked; IndexLoadError with the fix otherwise."""
+    index_dir = Path(index_dir)
+    if not index_dir.is_dir():
+        raise IndexLoadError(
+            f"--index {index_dir}: no such directory; build one with `python -m retriever_server build`"
+        )
+    path = index_dir / META_FILE
+    if not path.is_file():
+        raise IndexLoadError(f"{path}: missing (not an index, or its build did not finish); rebuild it")
+    try:
+        meta = json.loads(path.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as exc:
+        raise IndexLoadError(f"{path}: corrupt ({exc}); rebuild the index") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT_VERSION or meta.get("kind") not in KINDS:
+        raise IndexLoadError(f"{path}: not a format-{FORMAT_VERSION} index of kind {KINDS}; rebuild it")
+    return meta
+
+
+class Searcher:
+    """A loaded index: text queries in, corpus rows and scores out, plus the store to read rows."""
+
+    def __init__(self, index_dir: Path, options: LoadOptions | None = None):
+        options = options or LoadOptions()
+        index_dir = Path(index_dir)
+        self.meta = read_meta(index_dir)
+        self.kind: str = self.meta["kind"]
+        try:
+            self.store = CorpusStore(index_dir / "corpus")
+        except CorpusError as exc:
+            raise IndexLoadError(str(exc)) from None
+        if len(self.store) != self.meta["num_passages"]:
+            raise IndexLoadError(f"{index_dir}: corpus store has {len(self.store)} rows, meta.json says "
+                              f"{self.meta['num_passages']}; rebuild the index")  # fmt: skip
+        try:
+            self._rows = self._open(index_dir, options)
+        except (OSError, ValueError, RuntimeError) as exc:
+            if isinstance(exc, IndexLoadError):
+                raise
+            raise IndexLoadError(f"{index_dir}: cannot load the {self.kind} index ({exc}); rebuild it") from None
+
+    def _open(self, index_dir: Path, options: LoadOptions) -> RowSearcher:
+        if self.kind == "bm25":
+            from retriever_server.bm25 import BM25Index
+
+            return BM25Index(index_dir / "bm25", len(self.store))
+        if self.kind == "pyserini":
+            from retriever_server.pyserini_index import PyseriniIndex
+
+            return PyseriniIndex(index_dir / "lucene", threads=options.threads)
+        from retriever_server.dense_searcher import DenseSearcher
+
+        return DenseSearcher(index_dir, self.meta["dense"], options, len(self.store))
+
+    @property
+    def description(self) -> dict:
+        info = {"kind": self.kind, "num_passages": len(self.store)}
+        if self.kind == "dense":
+            info.update(index_type=self.meta["dense"]["index_type"], encoder=self.meta["dense"]["encoder"]["model"])
+        return info
+
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        return self._rows.search(queries, k)

@@ -1,0 +1,67 @@
+"""Running the API: bind the socket first (so `--port 0` works and the address is printed), load the
+index in a background thread while /health answers "loading", exit non-zero if loading fails."""
+
+from __future__ import annotations
+
+import logging
+import socket
+import sys
+import threading
+from pathlib import Path
+
+import uvicorn
+
+from retriever_server.app import ServerLimits, create_app
+from retriever_server.engine import SearchEngine
+from retriever_server.index import LoadOptions, Searcher, read_meta
+
+log = logging.getLogger("retriever_server")
+
+
+def serve(
+    index_dir: Path,
+    *,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    limits: ServerLimits | None = None,
+    load: LoadOptions | None = None,
+    max_batch: int = 256,
+    max_wait_ms: float = 2.0,
+    cache_size: int = 100_000,
+    port_file: Path | None = None,
+    log_level: str = "warning",
+) -> int:
+    """Serve `index_dir` until interrupted; returns the process exit code."""
+    limits = limits or ServerLimits()
+    read_meta(index_dir)  # a missing or corrupt index fails here, before anything binds
+    app = create_app(limits)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    sock.bind((host, port))
+    bound_port = sock.getsockname()[1]
+    config = uvicorn.Config(app, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
+    server = uvicorn.Server(config)
+    failure: list[BaseException] = []
+
+    def load_index() -> None:
+        try:
+            searcher = Searcher(index_dir, load)
+            app.state.engine = SearchEngine(
+                searcher, depth=limits.topk_max, max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size
+            )
+            print(f"retriever_server: ready ({searcher.description})", file=sys.stderr, flush=True)
+        except BaseException as exc:  # reported below, after the server has stopped
+            failure.append(exc)
+            server.should_exit = True
+
+    threading.Thread(target=load_index, name="load-index", daemon=True).start()
+    if port_file is not None:
+        Path(port_file).write_text(str(bound_port))
+    print(f"retriever_server: listening on http://{host}:{bound_port}", file=sys.stderr, flush=True)
+    server.run(sockets=[sock])
+    if app.state.engine is not None:
+        app.state.engine.close()
+    if failure:
+        print(f"retriever_server: cannot serve {index_dir}: {failure[0]}", file=sys.stderr, flush=True)
+        return 1
+    return 0
