@@ -8,7 +8,9 @@ import importlib
 
 #: module -> {verl registry: names the module registers there}. `verl-memagent doctor` checks that
 #: every name is visible in verl after `import verl`.
-PROVIDES: dict[str, dict[str, list[str]]] = {}
+PROVIDES: dict[str, dict[str, list[str]]] = {
+    "verl_memagent.agent": {"agent_loop": ["memsearcher", "mem1", "react"]},
+}
 
 for _module in PROVIDES:
     importlib.import_module(_module)

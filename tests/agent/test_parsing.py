@@ -1,0 +1,62 @@
+"""Every malformed action maps to one documented reason; well-formed ones to their content."""
+
+import pytest
+
+from verl_memagent.agent.parsing import Action, parse_memory, parse_tag_action, parse_tool_call_action
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("<think>x</think><search> who </search>", Action("search", query="who")),
+        ("<answer> Paris </answer>", Action("answer", answer="Paris")),
+        ("just words", Action.invalid("no_action")),
+        ("<search> who ", Action.invalid("unclosed_tag")),
+        ("<answer>Paris", Action.invalid("unclosed_tag")),
+        ("<search>q</search><answer>a</answer>", Action.invalid("search_and_answer")),
+        ("<search>   </search>", Action.invalid("empty_query")),
+        ("<answer></answer>", Action.invalid("empty_answer")),
+    ],
+)
+def test_tag_actions(text, expected):
+    assert parse_tag_action(text) == expected
+
+
+def test_tag_actions_with_renamed_tags():
+    assert parse_tag_action("<q>x</q>", search_tag="q", answer_tag="a") == Action("search", query="x")
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        (
+            '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": " Leda "}}</tool_call>',
+            Action("search", query="Leda"),
+        ),
+        (r"<think>t</think>\boxed{Old Frisian}", Action("answer", answer="Old Frisian")),
+        ("<tool_call>{not json}</tool_call>", Action.invalid("bad_tool_call")),
+        ('<tool_call>{"name": "other", "arguments": {"query": "x"}}</tool_call>', Action.invalid("bad_tool_call")),
+        (
+            '<tool_call>{"name": "wikipedia_search", "arguments": {"query": 3}}</tool_call>',
+            Action.invalid("bad_tool_call"),
+        ),
+        ('<tool_call>{"name": "wikipedia_search"}</tool_call>', Action.invalid("bad_tool_call")),
+        (
+            '<tool_call>{"name": "wikipedia_search", "arguments": {"query": ""}}</tool_call>',
+            Action.invalid("empty_query"),
+        ),
+        ('<tool_call>{"name": "wikipedia_search"', Action.invalid("unclosed_tag")),
+        (r"\boxed{a", Action.invalid("unclosed_tag")),
+        (r"\boxed{ }", Action.invalid("empty_answer")),
+        ("<tool_call>{}</tool_call> \\boxed{a}", Action.invalid("search_and_answer")),
+        ("<think>only thoughts</think>", Action.invalid("no_action")),
+    ],
+)
+def test_tool_call_actions(text, expected):
+    assert parse_tool_call_action(text, "wikipedia_search") == expected
+
+
+def test_memory_parsing():
+    assert parse_memory("<memory> Leda is a river </memory>") == ("Leda is a river", True)
+    assert parse_memory("<memory> cut off mid") == ("cut off mid", False)
+    assert parse_memory("no tag here") == (None, False)

@@ -1,0 +1,60 @@
+"""The verl custom reward functions, called with verl's signature; hand-computed scores."""
+
+import numpy as np
+import pytest
+
+from verl_memagent.reward.scores import exact_match_score, f1_with_format, memsearcher_format_ok, multi_objective_em
+
+
+@pytest.mark.parametrize(
+    ("text", "ok"),
+    [
+        (r"<think>it is Paris</think> \boxed{Paris}", True),
+        (r"\boxed{Paris}", True),
+        (r"<think>a</think><think>b</think>\boxed{Paris}", False),  # two think blocks
+        (r"<think>unclosed \boxed{Paris}", False),
+        (r"\boxed{Paris} <think>late</think>", False),  # answer before the reasoning closes
+        (r"\boxed{a} \boxed{b}", False),
+        (r"\boxed{}", False),
+        ('<tool_call>{"name": "wikipedia_search"}</tool_call> \\boxed{a}', False),
+        ("no answer at all", False),
+    ],
+)
+def test_memsearcher_format(text, ok):
+    assert memsearcher_format_ok(text) is ok
+
+
+def test_f1_with_format_three_levels():
+    golds = np.array(["Barack Obama"], dtype=object)  # verl hands parquet lists over as numpy arrays
+    right = f1_with_format("nq", r"<think>t</think>\boxed{Barack Obama Jr.}", golds, {})
+    assert right["score"] == pytest.approx(0.8) and right["format_ok"] == 1.0
+    wrong = f1_with_format("nq", r"<think>t</think>\boxed{Lincoln}", golds, {})
+    assert wrong["score"] == 0.1 and wrong["f1"] == 0.0
+    broken = f1_with_format("nq", "<think>t</think> Barack Obama", golds, {})
+    assert broken["score"] == 0.0 and broken["format_ok"] == 0.0
+
+
+def test_penalised_trajectory_scores_zero():
+    extra = {"penalised": True}
+    assert f1_with_format("nq", r"\boxed{Paris}", ["Paris"], extra)["score"] == 0.0
+    assert exact_match_score("nq", "<answer>Paris</answer>", ["Paris"], extra)["score"] == 0.0
+    assert multi_objective_em("nq", "<answer>Paris</answer>", [["Paris"]], extra)["score"] == 0.0
+
+
+def test_exact_match_score_reads_answer_tag_or_box():
+    assert exact_match_score("hotpotqa", "<answer> the Paris </answer>", ["Paris"], None)["score"] == 1.0
+    assert exact_match_score("hotpotqa", r"\boxed{paris}", {"target": ["Paris"]}, None)["score"] == 1.0
+    missing = exact_match_score("hotpotqa", "Paris", ["Paris"], None)
+    assert missing["score"] == 0.0 and missing["has_answer"] == 0.0
+
+
+def test_multi_objective_sum_of_em():
+    golds = np.array([np.array(["Paris"], dtype=object), np.array(["1969", "july 1969"], dtype=object)], dtype=object)
+    both = multi_objective_em("mo", "<answer>Paris; July 1969</answer>", golds, {})
+    assert both["score"] == 2.0 and both["em_fraction"] == 1.0
+    one = multi_objective_em("mo", "<answer>Paris; 1970</answer>", golds, {})
+    assert one["score"] == 1.0 and one["em_fraction"] == 0.5
+    short = multi_objective_em("mo", "<answer>Paris</answer>", golds, {})
+    assert short["score"] == 1.0  # a missing objective scores 0
+    single = multi_objective_em("nq", "<answer>Paris</answer>", ["Paris", "Paname"], {})
+    assert single["score"] == 1.0 and single["num_objectives"] == 1.0

@@ -1,0 +1,62 @@
+"""Build an agent loop outside a verl worker exactly as verl's AgentLoopWorker does (eval, tests, benchmarks).
+
+verl instantiates a loop per sample with `hydra.utils.instantiate(entry, trainer_config=..., ...)`,
+where `entry` is the agent's registry entry (from `register()` or the agent-loop YAML). This does the
+same with the same arguments, so what runs here is what runs in training.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import hydra
+import verl
+from omegaconf import DictConfig, OmegaConf
+from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+from verl.utils.dataset.rl_dataset import get_dataset_class
+
+AGENT_LOOPS_YAML = Path(__file__).with_name("agent_loops.yaml")
+
+_VERL_PPO_CONFIG = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
+
+
+def verl_trainer_config(**rollout_overrides: Any) -> DictConfig:
+    """verl's own full PPO trainer config (its generated defaults), with rollout fields overridden."""
+    config = OmegaConf.load(_VERL_PPO_CONFIG)
+    for key, value in rollout_overrides.items():
+        OmegaConf.update(config, f"actor_rollout_ref.rollout.{key}", value, merge=False)
+    return config
+
+
+def agent_loop_entry(name: str, path: str | os.PathLike = AGENT_LOOPS_YAML) -> DictConfig:
+    """The entry `name` of an agent-loop YAML, as verl's worker reads it."""
+    for entry in OmegaConf.load(path):
+        if entry.name == name:
+            return entry
+    raise KeyError(f"agent loop {name!r} is not in {path}")
+
+
+def instantiate_agent_loop(
+    name: str,
+    trainer_config: DictConfig,
+    server_manager,
+    tokenizer,
+    hf_model_type: str | None = None,
+    path: str | os.PathLike = AGENT_LOOPS_YAML,
+    **settings: Any,
+):
+    """The agent loop `name` from `path`, with `settings` overriding the entry's, built like verl builds it."""
+    entry = OmegaConf.merge(agent_loop_entry(name, path), settings)
+    return hydra.utils.instantiate(
+        config=entry,
+        trainer_config=DictConfigWrap(config=trainer_config),
+        server_manager=server_manager,
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type=hf_model_type,
+        dataset_cls=get_dataset_class(trainer_config.data),
+        data_config=DictConfigWrap(trainer_config.data),
+        tools=ToolListWrap([]),
+    )

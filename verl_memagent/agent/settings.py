@@ -1,0 +1,106 @@
+"""Settings of the agent loops: limits, retriever, tags and prompt templates, validated at construction.
+
+Each key of an agent's entry in the agent-loop YAML (besides `name` and `_target_`) arrives as a
+keyword argument of the loop and lands here; an unknown key or a wrong type fails at once with the
+field's name. Prompts are Jinja2 templates; their defaults live in `prompts.yaml` next to this file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, fields
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import jinja2
+from omegaconf import OmegaConf
+
+PROMPTS_YAML = Path(__file__).with_name("prompts.yaml")
+
+MEMORY_OVERFLOW_MODES = ("truncate", "penalty")
+
+
+@cache
+def default_prompts(agent: str) -> dict[str, str]:
+    """The default templates of one agent from prompts.yaml."""
+    return dict(OmegaConf.to_container(OmegaConf.load(PROMPTS_YAML)[agent]))
+
+
+@dataclass
+class AgentSettings:
+    """Everything an agent loop can be told; defaults follow the papers' training settings.
+
+    Limits (all in tokens of the policy's tokenizer):
+      max_turns: LLM contexts per trajectory (react: search rounds). The last turn is told to answer;
+        a search there is not run and the trajectory ends with finish reason `max_turns`.
+      max_new_tokens: cap of every generate call.
+      memory_max_tokens / memory_overflow: a longer memory (memsearcher) or internal state (mem1) is
+        cut to the cap (`truncate`) or ends the trajectory with `penalised` set, so rewards give 0
+        (`penalty`).
+      observation_max_tokens: the formatted documents of one search are cut to this many tokens.
+      context_max_tokens: prompt + response of one context; None means verl's
+        rollout.prompt_length + rollout.response_length. Generation stops there (`context_limit`).
+      topk: documents per search.
+      stop: stop strings sent to the server (vLLM/SGLang `stop`); None means the agent's own.
+    """
+
+    retriever_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    retriever_timeout_s: float = 30.0
+    retriever_max_retries: int = 3
+    retriever_backoff_s: float = 0.5
+    retriever_token: str | None = None
+    topk: int = 3
+    max_turns: int = 5
+    max_new_tokens: int = 512
+    memory_max_tokens: int = 1024
+    memory_overflow: str = "truncate"
+    observation_max_tokens: int = 1024
+    context_max_tokens: int | None = None
+    stop: list[str] | None = None
+    tool_name: str = "wikipedia_search"
+    tags: dict[str, str] = field(default_factory=dict)
+    prompts: dict[str, str] = field(default_factory=dict)
+
+    def __post_init__(self):
+        for name in ("topk", "max_turns", "max_new_tokens", "memory_max_tokens", "observation_max_tokens"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
+        if self.context_max_tokens is not None and self.context_max_tokens < 1:
+            raise ValueError(f"context_max_tokens: expected a positive integer or null, got {self.context_max_tokens}")
+        if self.memory_overflow not in MEMORY_OVERFLOW_MODES:
+            raise ValueError(f"memory_overflow: expected one of {MEMORY_OVERFLOW_MODES}, got {self.memory_overflow!r}")
+
+
+def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str, Any]) -> AgentSettings:
+    """Merge YAML overrides (plain or OmegaConf values) over the defaults, type-checked by OmegaConf."""
+    known = {f.name for f in fields(AgentSettings)}
+    unknown = sorted(set(overrides) - known)
+    if unknown:
+        raise ValueError(f"unknown {agent} agent setting(s) {unknown}; known settings: {sorted(known)}")
+    plain = OmegaConf.to_container(OmegaConf.create(dict(overrides)), resolve=True)
+    if isinstance(plain.get("retriever_urls"), str):
+        plain["retriever_urls"] = [url.strip() for url in plain["retriever_urls"].split(",") if url.strip()]
+    schema = OmegaConf.structured(AgentSettings)
+    merged = OmegaConf.to_object(OmegaConf.merge(schema, plain))
+    merged.tags = {**default_tags, **merged.tags}
+    merged.prompts = {**default_prompts(agent), **merged.prompts}
+    missing = sorted(set(default_prompts(agent)) - set(merged.prompts))
+    if missing:
+        raise ValueError(f"prompts: {agent} needs templates {missing}")
+    return merged
+
+
+class Prompts:
+    """The agent's templates compiled once; `render(name, **variables)` fills one in."""
+
+    def __init__(self, settings: AgentSettings):
+        env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
+        self._templates = {name: env.from_string(text) for name, text in settings.prompts.items()}
+        self._constants = {
+            "tags": settings.tags,
+            "tool_name": settings.tool_name,
+            "memory_max_tokens": settings.memory_max_tokens,
+        }
+
+    def render(self, name: str, **variables: Any) -> str:
+        return self._templates[name].render(**self._constants, **variables)

@@ -1,0 +1,334 @@
+"""The turn machinery the three agents share: contexts, generation, search, limits and outputs.
+
+A `Context` is one LLM context as it grows during a turn: prompt tokens, then response tokens with
+their mask (1 = sampled by the policy, 0 = inserted by us) and rollout log-probs. Sampled token ids
+go in exactly as the server returned them; only observations and chat-template tokens are encoded.
+Each finished context becomes one `AgentLoopOutput` (one training sample) carrying the trajectory id
+and turn index the per-turn estimators group by.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+import uuid
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import httpx
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+from verl.utils.tokenizer.chat_template import initialize_turn_separator
+
+from verl_memagent.agent.settings import AgentSettings, Prompts, build_settings
+from verl_memagent.search import RetrieverClient, RetrieverError, format_documents
+
+logger = logging.getLogger(__name__)
+
+#: shown to the model when a search fails for good; the metric `retriever_errors` counts these
+SEARCH_FAILED = "The search engine is unavailable: no documents were returned."
+
+_CLIENTS: dict[tuple, RetrieverClient] = {}
+
+
+def shared_retriever(settings: AgentSettings) -> RetrieverClient:
+    """One client (one connection pool) per process and retriever setting, shared by all trajectories."""
+    key = (
+        tuple(settings.retriever_urls),
+        settings.retriever_timeout_s,
+        settings.retriever_max_retries,
+        settings.retriever_backoff_s,
+        settings.retriever_token,
+    )
+    if key not in _CLIENTS:
+        _CLIENTS[key] = RetrieverClient(
+            settings.retriever_urls,
+            timeout_s=settings.retriever_timeout_s,
+            max_retries=settings.retriever_max_retries,
+            backoff_s=settings.retriever_backoff_s,
+            token=settings.retriever_token,
+        )
+    return _CLIENTS[key]
+
+
+def assistant_turn_close_ids(tokenizer, chat_template_kwargs: dict | None = None) -> list[int]:
+    """Tokens the chat template puts after an assistant message's content, minus the turn separator.
+
+    For ChatML that is `<|im_end|>`: what the model emits itself when it ends its turn. Inserted
+    (masked) when a stop string, not the model, ended the turn before a tool response follows.
+    """
+    kwargs = chat_template_kwargs or {}
+    marker = "\u2063memagent-content-end\u2063"
+    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
+    ids = tokenizer.encode(text.split(marker)[-1], add_special_tokens=False)
+    separator = initialize_turn_separator(tokenizer, **kwargs)
+    if separator and ids[-len(separator) :] == separator:
+        ids = ids[: -len(separator)]
+    return ids
+
+
+@dataclass
+class Generation:
+    """One generate call: the sampled ids and log-probs, their text (for parsing only), why it ended."""
+
+    token_ids: list[int]
+    log_probs: list[float] | None
+    text: str
+    finish: str  # "eos", "stop" (a stop string) or "length"
+
+
+@dataclass
+class Context:
+    """One LLM context: prompt ids, then response ids with mask and log-probs, plus its counters."""
+
+    prompt_ids: list[int]
+    response_ids: list[int] = field(default_factory=list)
+    response_mask: list[int] = field(default_factory=list)
+    response_logprobs: list[float] | None = field(default_factory=list)
+    prefill_tokens: int = 0
+    generate_calls: int = 0
+    searches: int = 0
+    retriever_errors: int = 0
+    memory_tokens: int = 0
+    memory_truncated: bool = False
+    generate_s: float = 0.0
+    search_s: float = 0.0
+    server_fields: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def token_ids(self) -> list[int]:
+        return self.prompt_ids + self.response_ids
+
+    def add_generated(self, generation: Generation) -> None:
+        self.response_ids += generation.token_ids
+        self.response_mask += [1] * len(generation.token_ids)
+        if self.response_logprobs is not None and generation.log_probs is not None:
+            self.response_logprobs += generation.log_probs
+        else:
+            self.response_logprobs = None
+
+    def add_inserted(self, token_ids: list[int]) -> None:
+        self.response_ids += token_ids
+        self.response_mask += [0] * len(token_ids)
+        if self.response_logprobs is not None:
+            self.response_logprobs += [0.0] * len(token_ids)
+
+
+@dataclass
+class Trajectory:
+    """The contexts of one run() call and how the run ended."""
+
+    id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    contexts: list[Context] = field(default_factory=list)
+    finish_reason: str = ""
+    penalised: bool = False
+
+    def finish(self, reason: str, penalised: bool = False) -> None:
+        self.finish_reason, self.penalised = reason, penalised
+
+
+class SearchAgentLoop(AgentLoopBase):
+    """Base of the memsearcher, mem1 and react loops: verl's constructor plus our settings.
+
+    verl's AgentLoopWorker instantiates a loop per sample with hydra, passing its own arguments and
+    every key of the agent's YAML entry: `name` (the registry name) and this agent's settings.
+    `tools` (verl's tool list) is not used: these loops search through the retriever client.
+    """
+
+    agent: ClassVar[str]
+    default_tags: ClassVar[dict[str, str]]
+    #: tag roles whose closing tag ends a generate call (unless `settings.stop` is given)
+    stop_tags: ClassVar[tuple[str, ...]]
+    #: memsearcher and mem1 return one output per context; react's single context is returned bare
+    one_output_per_context: ClassVar[bool] = True
+
+    def __init__(
+        self,
+        trainer_config,
+        server_manager,
+        tokenizer,
+        processor,
+        dataset_cls,
+        data_config,
+        hf_model_type: str | None = None,
+        tools=None,
+        name: str | None = None,
+        **settings,
+    ):
+        super().__init__(
+            trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
+        )
+        self.settings = build_settings(self.agent, self.default_tags, settings)
+        self.tags = self.settings.tags
+        self.prompts = Prompts(self.settings)
+        rollout = self.rollout_config
+        self.response_cap = int(rollout.response_length)
+        self.context_cap = self.settings.context_max_tokens or int(rollout.prompt_length) + self.response_cap
+        self.retriever = shared_retriever(self.settings)
+        self.eos_ids = {tokenizer.eos_token_id}
+        self.turn_close_ids = assistant_turn_close_ids(tokenizer, self.apply_chat_template_kwargs)
+        self.eos_ids.update(self.turn_close_ids[-1:])
+
+    # ---- verl entry point -------------------------------------------------------------------------
+
+    async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput] | AgentLoopOutput:
+        trajectory = Trajectory()
+        self._request_id = trajectory.id
+        self._priority = int(kwargs.get("priority", 0))
+        await self.rollout(trajectory, question_of(kwargs), dict(sampling_params))
+        outputs = self.outputs(trajectory)
+        return outputs if self.one_output_per_context else outputs[0]
+
+    async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
+        """Play one trajectory, appending its contexts and calling `trajectory.finish`."""
+        raise NotImplementedError
+
+    # ---- shared steps -----------------------------------------------------------------------------
+
+    @property
+    def stop(self) -> list[str]:
+        if self.settings.stop is not None:
+            return list(self.settings.stop)
+        return [f"</{self.tags[role]}>" for role in self.stop_tags]
+
+    def encode(self, text: str) -> list[int]:
+        return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def truncate(self, text: str, max_tokens: int) -> tuple[str, int, bool]:
+        """Text cut to `max_tokens` tokens: (text, token count after the cut, whether it was cut)."""
+        ids = self.encode(text)
+        if len(ids) <= max_tokens:
+            return text, len(ids), False
+        return self.tokenizer.decode(ids[:max_tokens]), max_tokens, True
+
+    async def generate(self, context: Context, sampling_params: dict[str, Any]) -> Generation | None:
+        """Sample a continuation of the whole context; None when the context or response cap is reached."""
+        budget = min(
+            self.settings.max_new_tokens,
+            self.context_cap - len(context.token_ids),
+            self.response_cap - len(context.response_ids),
+        )
+        if budget < 1:
+            return None
+        params = {**sampling_params, "max_tokens": budget, "stop": self.stop}
+        start = time.perf_counter()
+        output = await self.server_manager.generate(
+            request_id=self._request_id,
+            prompt_ids=context.token_ids,
+            sampling_params=params,
+            priority=self._priority,
+        )
+        context.generate_s += time.perf_counter() - start
+        context.prefill_tokens += len(context.token_ids)
+        context.generate_calls += 1
+        _merge_server_fields(context.server_fields, output.extra_fields or {})
+        ids = list(output.token_ids)
+        text = self.tokenizer.decode(ids, skip_special_tokens=True)
+        if ids and ids[-1] in self.eos_ids:
+            finish = "eos"
+        elif any(stop in text for stop in self.stop):
+            finish = "stop"
+        else:
+            finish = "length" if len(ids) >= budget else "eos"
+        log_probs = list(output.log_probs) if output.log_probs else None
+        generation = Generation(ids, log_probs, text, finish)
+        context.add_generated(generation)
+        return generation
+
+    async def search(self, context: Context, query: str) -> str:
+        """The formatted documents for `query`, cut to the observation cap; a failure is an observation."""
+        start = time.perf_counter()
+        context.searches += 1
+        try:
+            documents = (await self.retriever.search([query], self.settings.topk))[0]
+            text = format_documents(documents)
+        except (RetrieverError, httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
+            logger.warning("search for %r failed: %s", query, exc)
+            context.retriever_errors += 1
+            text = SEARCH_FAILED
+        finally:
+            context.search_s += time.perf_counter() - start
+        return self.truncate(text, self.settings.observation_max_tokens)[0]
+
+    async def insert_messages(self, context: Context, history: list[dict], new_messages: list[dict], tools=None):
+        """Append chat messages (tool response, instructions) rendered by verl's Continuous Token builder.
+
+        If a stop string rather than the model ended the assistant turn, the template's turn-closing
+        tokens come first. Everything inserted here has mask 0.
+        """
+        if not context.response_ids or context.response_ids[-1] not in self.eos_ids:
+            context.add_inserted(list(self.turn_close_ids))
+        merge, mask, logprobs = await self.ct_merge_context_msg(
+            history,
+            history + new_messages,
+            context.token_ids,
+            context.response_mask,
+            context.response_logprobs,
+            tools=tools,
+        )
+        context.response_ids = merge.token_ids[len(context.prompt_ids) :]
+        context.response_mask = mask
+        context.response_logprobs = logprobs
+
+    # ---- outputs ----------------------------------------------------------------------------------
+
+    def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
+        """One AgentLoopOutput per context, in turn order, all tagged with trajectory id and turn index."""
+        outputs = []
+        for index, context in enumerate(trajectory.contexts):
+            extra_fields = {
+                **context.server_fields,
+                "trajectory_id": trajectory.id,
+                "turn_index": index,
+                "num_contexts": len(trajectory.contexts),
+                "agent_name": self.agent,
+                "finish_reason": trajectory.finish_reason,
+                "penalised": trajectory.penalised,
+                "context_tokens": len(context.token_ids),
+                "prompt_tokens": len(context.prompt_ids),
+                "prefill_tokens": context.prefill_tokens,
+                "memory_tokens": context.memory_tokens,
+                "memory_truncated": context.memory_truncated,
+                "searches": context.searches,
+                "retriever_errors": context.retriever_errors,
+                "turn_scores": [],
+                "tool_rewards": [],
+            }
+            metrics = AgentLoopMetrics(generate_sequences=context.generate_s, tool_calls=context.search_s)
+            outputs.append(
+                AgentLoopOutput(
+                    prompt_ids=context.prompt_ids,
+                    response_ids=context.response_ids,
+                    response_mask=context.response_mask,
+                    response_logprobs=context.response_logprobs or None,
+                    num_turns=1 + context.generate_calls + context.searches,
+                    metrics=metrics,
+                    extra_fields=extra_fields,
+                )
+            )
+        return outputs
+
+
+def question_of(kwargs: dict[str, Any]) -> str:
+    """The question of a dataset row: `extra_info.question`, else the last user message of the prompt."""
+    extra_info = kwargs.get("extra_info") or {}
+    if extra_info.get("question"):
+        return str(extra_info["question"])
+    messages = kwargs.get("raw_prompt")
+    if messages is None:
+        raise ValueError(
+            "the dataset row has neither extra_info.question nor a raw_prompt: run `verl-memagent prepare`"
+        )
+    user_messages = [m["content"] for m in messages if m["role"] == "user"]
+    if not user_messages:
+        raise ValueError("raw_prompt has no user message to take the question from")
+    return str(user_messages[-1])
+
+
+def _merge_server_fields(fields: dict[str, Any], new: dict[str, Any]) -> None:
+    """Keep the weight versions verl tracks for staleness: the first min, the last max."""
+    if "min_global_steps" in new and "min_global_steps" not in fields:
+        fields["min_global_steps"] = new["min_global_steps"]
+    if "max_global_steps" in new:
+        fields["max_global_steps"] = new["max_global_steps"]
