@@ -9,6 +9,7 @@ import importlib
 #: module -> {verl registry: names the module registers there}. `verl-memagent doctor` checks that
 #: every name is visible in verl after `import verl`.
 PROVIDES: dict[str, dict[str, list[str]]] = {
+    "verl_memagent.cpu.register": {"platform": ["cpu"], "rollout": ["hf"]},
     "verl_memagent.agent": {"agent_loop": ["memsearcher", "mem1", "react"]},
 }
 

@@ -1,0 +1,42 @@
+"""Registrations verl's plugin loader runs in every process: the `cpu` platform and the `hf` rollout.
+
+Registering changes nothing by itself: verl uses the platform only under `VERL_PLATFORM=cpu` and the
+backend only under `actor_rollout_ref.rollout.name=hf`. The rollout modules are heavy, so the `hf`
+entries are added when verl imports its registries, not before. verl's workarounds (`patches`) are
+installed only when the `cpu` platform is selected.
+"""
+
+from __future__ import annotations
+
+import os
+
+from verl_memagent.cpu import patches, platform
+from verl_memagent.cpu.import_hooks import when_imported
+
+HF_SERVER_ADAPTER = "verl_memagent.cpu.hf_rollout.HFServerAdapter"
+
+
+def _load_hf_replica():
+    from verl_memagent.cpu.hf_rollout import HFReplica
+
+    return HFReplica
+
+
+def _register_replica(replica_module) -> None:
+    replica_module.RolloutReplicaRegistry.register("hf", _load_hf_replica)
+
+
+def _register_server_adapter(base_module) -> None:
+    # verl has no register function for the adapter a training worker builds from `rollout.name`:
+    # `get_rollout_class` reads the module dict `_ROLLOUT_REGISTRY` (workers/rollout/base.py:89).
+    base_module._ROLLOUT_REGISTRY[("hf", "async")] = HF_SERVER_ADAPTER
+
+
+def cpu_platform_requested() -> bool:
+    return os.environ.get("VERL_PLATFORM", "").strip().lower() == platform.NAME
+
+
+when_imported("verl.workers.rollout.replica", _register_replica)
+when_imported("verl.workers.rollout.base", _register_server_adapter)
+if cpu_platform_requested():
+    patches.install()
