@@ -20,10 +20,11 @@ from verl_memagent.cpu.import_hooks import when_imported
 
 @dataclass(frozen=True)
 class Patch:
-    module: str
+    module: str  # the module patched
     where: str  # verl file:line worked around
     expects: str  # source text at that line; its absence means verl changed under the patch
     apply: Callable[[ModuleType], None]
+    expects_in: str = ""  # the verl module holding `expects`, when it is not `module`
 
 
 def _gloo_only_process_group(distributed: ModuleType) -> None:
@@ -55,7 +56,70 @@ def _fsdp2_engines_on_cpu(transformer_impl: ModuleType) -> None:
 def _unpinned_cpu_offload(transformer_impl: ModuleType) -> None:
     # Forward-only engines (the reference model) use CPUOffloadPolicy(pin_memory=True); pinning host
     # memory needs an accelerator runtime. On CPU the parameters already are in host memory.
-    transformer_impl.CPUOffloadPolicy = functools.partial(transformer_impl.CPUOffloadPolicy, pin_memory=False)
+    policy = transformer_impl.CPUOffloadPolicy
+
+    def unpinned_cpu_offload_policy(pin_memory: bool = True):
+        return policy(pin_memory=False)
+
+    transformer_impl.CPUOffloadPolicy = unpinned_cpu_offload_policy
+
+
+def ray_cpus_needed(transfer_queue_conf) -> tuple[int, str]:
+    """Logical CPUs a CPU run of the V1 trainer holds in Ray, and how that number is made up."""
+    from verl.single_controller.ray.base import ResourcePoolManager
+
+    gpus = int(ray_cluster_resources().get("GPU", 0))
+    backend = transfer_queue_conf.backend
+    storage = backend.SimpleStorage.num_data_storage_units if backend.storage_backend == "SimpleStorage" else 0
+    per_worker = ResourcePoolManager.max_colocate_count
+    needed = 1 + storage + per_worker * gpus + 1
+    how = (
+        f"1 TransferQueue controller + {storage} storage units (transfer_queue.backend.SimpleStorage."
+        f"num_data_storage_units) + {per_worker} per trainer worker x {gpus} logical GPUs + 1 to place the "
+        "rollout, agent-loop and reward actors"
+    )
+    return needed, how
+
+
+def ray_cluster_resources() -> dict[str, float]:
+    import ray
+
+    return ray.cluster_resources()
+
+
+def require_ray_cpus(transfer_queue_conf) -> None:
+    """Raise a clear error where Ray would otherwise wait forever for CPUs or GPUs it does not have."""
+    resources = ray_cluster_resources()
+    if resources.get("GPU", 0) < 1:
+        raise RuntimeError(
+            "cpu platform: verl's workers request Ray GPUs (single_controller/ray/base.py:146); start Ray with "
+            "logical ones: +ray_kwargs.ray_init.num_gpus=<trainer.n_gpus_per_node * trainer.nnodes>"
+        )
+    needed, how = ray_cpus_needed(transfer_queue_conf)
+    have = int(resources.get("CPU", 0))
+    if have < needed:
+        raise RuntimeError(
+            f"cpu platform: Ray has {have} logical CPUs but this run holds {needed} ({how}); with fewer it hangs "
+            f"waiting for placement groups. Set ray_kwargs.ray_init.num_cpus={needed} (logical CPUs, more than "
+            "the machine's cores is fine) or lower transfer_queue.backend.SimpleStorage.num_data_storage_units"
+        )
+
+
+def _fail_fast_without_ray_cpus(transfer_queue: ModuleType) -> None:
+    # verl's resource check counts GPUs only (single_controller/ray/base.py:229). Every trainer worker's
+    # placement-group bundle also holds `max_colocate_count` CPUs (base.py:146), TransferQueue's
+    # controller and storage units one each; with too few logical CPUs their placement groups never
+    # become ready and the run hangs silently. `tq.init` is the first thing the trainer's TaskRunner
+    # reserves, so the whole budget is checked there, before anything waits.
+    original = transfer_queue.init
+
+    @functools.wraps(original)
+    def init(conf=None):
+        if conf is not None:
+            require_ray_cpus(conf)
+        return original(conf)
+
+    transfer_queue.init = init
 
 
 PATCHES: tuple[Patch, ...] = (
@@ -76,6 +140,13 @@ PATCHES: tuple[Patch, ...] = (
         "verl/workers/engine/fsdp/transformer_impl.py:462",
         "offload_policy = CPUOffloadPolicy(pin_memory=True)",
         _unpinned_cpu_offload,
+    ),
+    Patch(
+        "transfer_queue",
+        "verl/single_controller/ray/base.py:229",
+        'node: node_info.get("GPU", 0) if "GPU" in node_info else node_info.get("NPU", 0)',
+        _fail_fast_without_ray_cpus,
+        expects_in="verl.single_controller.ray.base",
     ),
 )
 
@@ -100,7 +171,7 @@ def check_targets() -> list[str]:
     """The patches whose expected verl source is missing (verl changed): empty when all still fit."""
     stale = []
     for patch in PATCHES:
-        source = inspect.getsource(importlib.import_module(patch.module))
+        source = inspect.getsource(importlib.import_module(patch.expects_in or patch.module))
         if patch.expects not in source:
             stale.append(f"{patch.where}: expected {patch.expects!r}")
     return stale
