@@ -58,3 +58,11 @@ def test_multi_objective_sum_of_em():
     assert short["score"] == 1.0  # a missing objective scores 0
     single = multi_objective_em("nq", "<answer>Paris</answer>", ["Paris", "Paname"], {})
     assert single["score"] == 1.0 and single["num_objectives"] == 1.0
+
+
+def test_final_response_from_the_agent_loop_wins_over_verls_slice():
+    # verl cuts or pads the last output's response when the list's outputs differ in length
+    extra = {"final_response": r"<think>t</think>\boxed{Leda}"}
+    assert f1_with_format("nq", r"<think>t</think>\boxed{Le", ["Leda"], extra)["score"] == 1.0
+    assert exact_match_score("nq", "", ["Leda"], {"final_response": "<answer>Leda</answer>"})["score"] == 1.0
+    assert multi_objective_em("mo", "", [["a"], ["b"]], {"final_response": "<answer>a; b</answer>"})["score"] == 2.0

@@ -69,7 +69,8 @@ class MemSearcherAgentLoop(SearchAgentLoop):
             history = [*messages, {"role": "assistant", "content": action_gen.text}]
             update = self.prompts.render("memory_update")
             new_messages = [{"role": "tool", "content": documents}, {"role": "user", "content": update}]
-            await self.insert_messages(context, history, new_messages, tools=tools)
+            if not await self.insert_messages(context, history, new_messages, tools=tools):
+                return trajectory.finish("context_limit")
 
             memory_gen = await self.generate(context, sampling_params)
             if memory_gen is None:

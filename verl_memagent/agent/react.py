@@ -41,4 +41,5 @@ class ReactAgentLoop(SearchAgentLoop):
                 return trajectory.finish("max_turns")
             documents = await self.search(context, action.query)
             observation = self.prompts.render("observation", documents=documents, last_turn=turn + 2 == max_turns)
-            context.add_inserted(self.encode(observation))
+            if not self.add_observation(context, observation):
+                return trajectory.finish("context_limit")

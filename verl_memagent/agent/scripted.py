@@ -3,7 +3,8 @@
 It emits each text's tokens one at a time and stops where a server would (a stop string in the
 decoded output, an end-of-sequence id, or `max_tokens`), returning distinct per-token log-probs.
 Tests use it to pin exact multi-turn paths; the context-token benchmark uses it to replay
-trajectories of a chosen length. It records every call's prompt ids and sampling parameters.
+trajectories of a chosen length. It records every call: prompt ids, sampling parameters, returned
+token ids and log-probs.
 """
 
 from __future__ import annotations
@@ -25,7 +26,8 @@ class ScriptedPolicy:
         if len(self.calls) >= len(self.texts):
             raise RuntimeError(f"the script has {len(self.texts)} texts but generate() was called once more")
         text = self.texts[len(self.calls)]
-        self.calls.append({"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)})
+        call = {"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)}
+        self.calls.append(call)
         stops = sampling_params.get("stop") or []
         max_tokens = sampling_params.get("max_tokens", len(text) + 1)
         token_ids: list[int] = []
@@ -37,6 +39,7 @@ class ScriptedPolicy:
                 break
         log_probs = [-0.001 * (self._emitted + i + 1) for i in range(len(token_ids))]
         self._emitted += len(token_ids)
+        call.update(token_ids=token_ids, log_probs=log_probs)
         return TokenOutput(
             token_ids=token_ids,
             log_probs=log_probs if sampling_params.get("logprobs") else None,

@@ -202,13 +202,21 @@ class SearchAgentLoop(AgentLoopBase):
             return text, len(ids), False
         return self.tokenizer.decode(ids[:max_tokens]), max_tokens, True
 
+    def room(self, context: Context) -> int:
+        """Tokens the context can still take under the context and response caps."""
+        return min(self.context_cap - len(context.token_ids), self.response_cap - len(context.response_ids))
+
+    def add_observation(self, context: Context, text: str) -> bool:
+        """Append an observation (masked) if it leaves room to generate; False (nothing added) otherwise."""
+        ids = self.encode(text)
+        if len(ids) >= self.room(context):
+            return False
+        context.add_inserted(ids)
+        return True
+
     async def generate(self, context: Context, sampling_params: dict[str, Any]) -> Generation | None:
         """Sample a continuation of the whole context; None when the context or response cap is reached."""
-        budget = min(
-            self.settings.max_new_tokens,
-            self.context_cap - len(context.token_ids),
-            self.response_cap - len(context.response_ids),
-        )
+        budget = min(self.settings.max_new_tokens, self.room(context))
         if budget < 1:
             return None
         params = {**sampling_params, "max_tokens": budget, "stop": self.stop}
@@ -251,31 +259,41 @@ class SearchAgentLoop(AgentLoopBase):
             context.search_s += time.perf_counter() - start
         return self.truncate(text, self.settings.observation_max_tokens)[0]
 
-    async def insert_messages(self, context: Context, history: list[dict], new_messages: list[dict], tools=None):
+    async def insert_messages(
+        self, context: Context, history: list[dict], new_messages: list[dict], tools=None
+    ) -> bool:
         """Append chat messages (tool response, instructions) rendered by verl's Continuous Token builder.
 
         If a stop string rather than the model ended the assistant turn, the template's turn-closing
-        tokens come first. Everything inserted here has mask 0.
+        tokens come first. Everything inserted here has mask 0. Returns False, changing nothing, when
+        the result would leave no room to generate.
         """
-        if not context.response_ids or context.response_ids[-1] not in self.eos_ids:
-            context.add_inserted(list(self.turn_close_ids))
+        closed = Context(context.prompt_ids, list(context.response_ids), list(context.response_mask))
+        closed.response_logprobs = None if context.response_logprobs is None else list(context.response_logprobs)
+        if not closed.response_ids or closed.response_ids[-1] not in self.eos_ids:
+            closed.add_inserted(list(self.turn_close_ids))
         merge, mask, logprobs = await self.ct_merge_context_msg(
             history,
             history + new_messages,
-            context.token_ids,
-            context.response_mask,
-            context.response_logprobs,
+            closed.token_ids,
+            closed.response_mask,
+            closed.response_logprobs,
             tools=tools,
         )
+        if len(merge.token_ids) >= len(context.token_ids) + self.room(context):
+            return False
         context.response_ids = merge.token_ids[len(context.prompt_ids) :]
         context.response_mask = mask
         context.response_logprobs = logprobs
+        return True
 
     # ---- outputs ----------------------------------------------------------------------------------
 
     def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
         """One AgentLoopOutput per context, in turn order, all tagged with trajectory id and turn index."""
         outputs = []
+        final = trajectory.contexts[-1].response_ids
+        final_response = self.tokenizer.decode(final, skip_special_tokens=True)
         for index, context in enumerate(trajectory.contexts):
             extra_fields = {
                 **context.server_fields,
@@ -285,6 +303,9 @@ class SearchAgentLoop(AgentLoopBase):
                 "agent_name": self.agent,
                 "finish_reason": trajectory.finish_reason,
                 "penalised": trajectory.penalised,
+                # verl's reward input for a list decodes a mis-sized slice of the last response when an
+                # earlier context is longer (AgentLoopWorker._compute_score); rewards read this instead
+                "final_response": final_response,
                 "context_tokens": len(context.token_ids),
                 "prompt_tokens": len(context.prompt_ids),
                 "prefill_tokens": context.prefill_tokens,

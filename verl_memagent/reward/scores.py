@@ -2,9 +2,13 @@
 
 Each takes verl's `compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)` and
 returns a dict whose `score` is the reward; the other keys become verl's `reward_extra_info`.
-`solution_str` is the decoded response of a trajectory's final output only (verl scores the last
-output of an agent loop's list and copies the score to the others). A trajectory the agent loop
-ended with a penalty (`extra_info["penalised"]`, e.g. memory overflow in penalty mode) scores 0.
+The answer is read from the trajectory's final output only (verl scores the last output of an agent
+loop's list and copies the score to the others): `extra_info["final_response"]`, which our loops set
+to the decoded final response, else `solution_str`. verl 0.9.1 hands `solution_str` over as a slice of
+the last response sized by the longest output of the list, so with outputs of different lengths it
+is cut or padded; `final_response` is exact. A trajectory the agent loop ended without a valid answer
+(`extra_info["finish_reason"]` other than `answer`, e.g. an invalid action or the turn limit) or with a
+penalty (`extra_info["penalised"]`, memory overflow in penalty mode) scores 0.
 
 | name | use |
 | --- | --- |
@@ -30,7 +34,16 @@ FORMAT_ONLY_REWARD = 0.1
 
 
 def _penalised(extra_info: Any) -> bool:
-    return bool(isinstance(extra_info, dict) and extra_info.get("penalised"))
+    """Whether our agent loop ended the trajectory without a valid answer (its `finish_reason`) or with a penalty."""
+    if not isinstance(extra_info, dict):
+        return False
+    return bool(extra_info.get("penalised")) or extra_info.get("finish_reason", "answer") != "answer"
+
+
+def _final_response(solution_str: str, extra_info: Any) -> str:
+    if isinstance(extra_info, dict) and isinstance(extra_info.get("final_response"), str):
+        return extra_info["final_response"]
+    return solution_str
 
 
 def memsearcher_format_ok(text: str) -> bool:
@@ -49,6 +62,7 @@ def memsearcher_format_ok(text: str) -> bool:
 def f1_with_format(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs) -> dict:
     """MemSearcher's reward: 0 if the format is broken, 0.1 if valid but F1 is 0, otherwise the F1."""
     golds = gold_answers(ground_truth)
+    solution_str = _final_response(solution_str, extra_info)
     format_ok = memsearcher_format_ok(solution_str) and not _penalised(extra_info)
     answer = extract_boxed(solution_str) if format_ok else None
     f1 = f1_score(answer, golds) if answer is not None else 0.0
@@ -59,7 +73,7 @@ def f1_with_format(data_source: str, solution_str: str, ground_truth: Any, extra
 
 def exact_match_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs) -> dict:
     """EM of the final answer (`<answer>` span, else `\\boxed{}`); 0 without an answer."""
-    answer = None if _penalised(extra_info) else extract_answer(solution_str)
+    answer = None if _penalised(extra_info) else extract_answer(_final_response(solution_str, extra_info))
     golds = gold_answers(ground_truth)
     em = exact_match(answer, golds) if answer is not None else 0.0
     f1 = f1_score(answer, golds) if answer is not None else 0.0
@@ -84,7 +98,7 @@ def multi_objective_em(
     A prediction with fewer parts than objectives scores 0 on the missing ones; extra parts are ignored.
     """
     objectives = _objective_golds(ground_truth)
-    answer = None if _penalised(extra_info) else extract_answer(solution_str)
+    answer = None if _penalised(extra_info) else extract_answer(_final_response(solution_str, extra_info))
     parts = split_objectives(answer) if answer is not None else []
     hits = [exact_match(part, golds) for part, golds in zip(parts, objectives, strict=False)]
     total = float(sum(hits))

@@ -1,0 +1,71 @@
+"""The loops on a real tiny model behind verl's generate(): the sample holds what was sampled, log-probs match."""
+
+import asyncio
+
+import pytest
+import torch
+from agent_helpers import assert_model_saw_exactly
+
+KNOWN_REASONS = {
+    "answer",
+    "max_turns",
+    "context_limit",
+    "memory_overflow",
+    "no_memory",
+    "no_state",
+    "no_action",
+    "unclosed_tag",
+    "search_and_answer",
+    "empty_query",
+    "empty_answer",
+    "bad_tool_call",
+}
+
+
+class Recording:
+    """Passes generate() through to the engine and keeps what each call was given and returned."""
+
+    def __init__(self, engine):
+        self.engine, self.calls = engine, []
+
+    async def generate(self, request_id, *, prompt_ids, sampling_params, **kwargs):
+        output = await self.engine.generate(
+            request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs
+        )
+        self.calls.append(
+            {"prompt_ids": list(prompt_ids), "token_ids": list(output.token_ids), "log_probs": output.log_probs}
+        )
+        return output
+
+
+@pytest.fixture(scope="module")
+def engine(tiny_model, tokenizer):
+    from verl_memagent.cpu.hf_generator import HFGenerator
+
+    return HFGenerator(
+        tiny_model, tokenizer, eos_token_ids={tokenizer.eos_token_id}, max_model_len=8192, default_max_tokens=32, seed=0
+    )
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "mem1", "react"])
+async def test_sampled_tokens_and_logprobs_are_what_the_trainer_sees(run_agent, tokenizer, tiny_model, engine, agent):
+    results = []
+    for seed in range(3):  # sequential trajectories: each recorder sees only its own calls
+        recording = Recording(engine)
+        torch.manual_seed(seed)
+        output = await asyncio.wait_for(run_agent(agent, recording, max_new_tokens=24, max_turns=2), timeout=120)
+        results.append((output if isinstance(output, list) else [output], recording.calls))
+    for outputs, calls in results:
+        assert_model_saw_exactly(outputs, calls)
+        assert {o.extra_fields["finish_reason"] for o in outputs} <= KNOWN_REASONS
+        assert len({o.extra_fields["trajectory_id"] for o in outputs}) == 1
+        for output in outputs:
+            # the actor recomputes log p(token | everything before it) on prompt + response: same numbers
+            ids = torch.tensor([output.prompt_ids + output.response_ids])
+            with torch.no_grad():
+                logits = tiny_model(ids).logits[0, :-1].float()
+            logp = torch.log_softmax(logits, -1).gather(1, ids[0, 1:, None])[:, 0]
+            response_logp = logp[len(output.prompt_ids) - 1 :]
+            mask = torch.tensor(output.response_mask, dtype=torch.bool)
+            rollout = torch.tensor(output.response_logprobs)
+            torch.testing.assert_close(rollout[mask], response_logp[mask], atol=2e-4, rtol=1e-4)

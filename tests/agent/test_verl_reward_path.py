@@ -1,0 +1,65 @@
+"""verl's own reward path (AgentLoopWorker._compute_score -> RewardLoopWorker -> our function) on our outputs."""
+
+import types
+
+import pytest
+from omegaconf import OmegaConf
+
+from verl_memagent.agent import ScriptedPolicy
+
+SEARCH = '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leda river"}}</tool_call>'
+MEMORY = "<memory>Leer lies on the river Leda.</memory>"
+ANSWER = "<think>from memory</think>\\boxed{Leda}<|im_end|>"
+
+
+@pytest.fixture(scope="module")
+def reward_config(tiny_model_dir):
+    from verl_memagent.agent import verl_trainer_config
+
+    config = verl_trainer_config()
+    OmegaConf.update(config, "actor_rollout_ref.model.path", str(tiny_model_dir))
+    OmegaConf.update(config, "reward.custom_reward_function.path", "pkg://verl_memagent.reward.scores")
+    return config
+
+
+async def score_with_verl(config, tokenizer, outputs, function_name, ground_truth):
+    """Run verl's agent-loop scoring of one trajectory, as its worker does, with a real RewardLoopWorker."""
+    from verl.experimental.agent_loop.agent_loop import AgentLoopWorker
+    from verl.experimental.reward_loop.reward_loop import RewardLoopWorker
+
+    OmegaConf.update(config, "reward.custom_reward_function.name", function_name)
+    reward_worker = RewardLoopWorker(config)
+    handle = types.SimpleNamespace(compute_score=types.SimpleNamespace(remote=reward_worker.compute_score))
+    worker = AgentLoopWorker.__new__(AgentLoopWorker)  # only the scoring step, no Ray actor or servers
+    worker.reward_loop_worker_handles, worker.processor, worker.mm_processor_kwargs = [handle], None, {}
+    row = {
+        "data_source": "hotpotqa",
+        "reward_model": {"style": "rule", "ground_truth": ground_truth},
+        "extra_info": {},
+        "raw_prompt": [{"role": "user", "content": "q"}],
+    }
+    await worker._compute_score(outputs, kwargs=row)
+    return outputs[-1]
+
+
+async def test_memsearcher_list_scored_on_its_final_output(run_agent, tokenizer, reward_config):
+    outputs = await run_agent("memsearcher", ScriptedPolicy(tokenizer, [SEARCH, MEMORY, ANSWER]), topk=5)
+    assert len(outputs[0].response_ids) + len(outputs[0].prompt_ids) > len(outputs[1].response_ids)
+    final = await score_with_verl(reward_config, tokenizer, outputs, "f1_with_format", ["Leda"])
+    assert final.reward_score == 1.0 and final.extra_fields["reward_extra_info"]["format_ok"] == 1.0
+
+
+async def test_mem1_multi_objective_scored_by_verl(run_agent, tokenizer, reward_config):
+    script = [
+        "<IS>s</IS><search>Leer</search>",
+        "<IS>Leer, Lower Saxony, on the Leda.</IS><answer>Lower Saxony; Leda</answer>",
+    ]
+    outputs = await run_agent("mem1", ScriptedPolicy(tokenizer, script), topk=5)
+    final = await score_with_verl(reward_config, tokenizer, outputs, "multi_objective_em", [["Lower Saxony"], ["Leda"]])
+    assert final.reward_score == 2.0
+
+
+async def test_react_single_output_scored_by_verl(run_agent, tokenizer, reward_config):
+    output = await run_agent("react", ScriptedPolicy(tokenizer, ["<search>Leer</search>", "<answer>Leda</answer>"]))
+    final = await score_with_verl(reward_config, tokenizer, [output], "exact_match_score", ["Leda"])
+    assert final.reward_score == 1.0
