@@ -20,6 +20,12 @@ def _tiny_model(args: argparse.Namespace) -> int:
     return 0
 
 
+def _prepare(args: argparse.Namespace) -> int:
+    from verl_memagent.data.prepare import run_cli
+
+    return run_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-memagent", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -34,6 +40,12 @@ def build_parser() -> argparse.ArgumentParser:
     tiny.add_argument("--num-layers", type=int, default=2)
     tiny.add_argument("--seed", type=int, default=0)
     tiny.set_defaults(func=_tiny_model)
+
+    from verl_memagent.data.prepare import add_arguments as add_prepare_arguments
+
+    prepare = sub.add_parser("prepare", help="FlashRAG JSON lines -> verl parquet (train mix, eval sets, MEM1 tasks)")
+    add_prepare_arguments(prepare)
+    prepare.set_defaults(func=_prepare)
     return parser
 
 
