@@ -1,0 +1,310 @@
+"""Advantage estimators for agents whose trajectory spans several LLM contexts.
+
+Each context (turn) of a trajectory is one training row; the learning signal belongs to the
+trajectory. These are pure tensor functions (no verl import): rows arrive in any order, with
+padding rows mixed in, and `TrajectoryLayout` says which trajectory, turn and prompt group each
+row belongs to. Everything is vectorised over rows with scatter/gather; the only Python loops run
+over token columns (GAE, as verl's own GAE does) or over turn depth, never over rows.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+
+@dataclass(frozen=True)
+class TrajectoryLayout:
+    """Where each row of a batch sits: its trajectory, its turn in it, its trajectory's prompt group.
+
+    Trajectories are numbered 0..num_trajectories-1 and groups 0..num_groups-1. Padding rows
+    (`valid` False) point at the spare trajectory slot `num_trajectories`, which no estimator
+    reads, so they get zero advantage and count in no statistic.
+    """
+
+    trajectory: torch.Tensor  # (rows,) int64
+    turn: torch.Tensor  # (rows,) int64, order of the row's context inside its trajectory
+    group: torch.Tensor  # (num_trajectories,) int64
+    valid: torch.Tensor  # (rows,) bool
+
+    @property
+    def num_trajectories(self) -> int:
+        return self.group.numel()
+
+    @property
+    def num_groups(self) -> int:
+        return int(self.group.max()) + 1 if self.group.numel() else 0
+
+    @classmethod
+    def from_ids(
+        cls,
+        trajectory_ids: Sequence,
+        turns: Sequence[int],
+        group_ids: Sequence,
+        valid: Sequence[bool],
+    ) -> TrajectoryLayout:
+        """Build a layout from per-row hashable ids (strings); padding rows' ids are ignored."""
+        valid_np = np.asarray(valid, dtype=bool)
+        rows = valid_np.size
+        if not (len(trajectory_ids) == len(turns) == len(group_ids) == rows):
+            raise ValueError("trajectory_ids, turns, group_ids and valid must have one entry per row")
+        trajectory = np.zeros(rows, dtype=np.int64)
+        names = np.asarray(trajectory_ids, dtype=object)[valid_np].astype(str)
+        traj_names, inverse = np.unique(names, return_inverse=True)
+        trajectory[valid_np] = inverse
+        trajectory[~valid_np] = traj_names.size
+        # one group per trajectory: the group of any of its rows (checked to agree below)
+        row_groups = np.unique(np.asarray(group_ids, dtype=object)[valid_np].astype(str), return_inverse=True)[1]
+        group = np.zeros(traj_names.size, dtype=np.int64)
+        group[inverse] = row_groups
+        if not np.array_equal(group[inverse], row_groups):
+            raise ValueError("rows of one trajectory belong to different prompt groups")
+        turn = np.where(valid_np, np.asarray(turns, dtype=np.int64), 0)
+        pairs = trajectory[valid_np] * (turn.max(initial=0) + 1) + turn[valid_np]
+        if np.unique(pairs).size != pairs.size:
+            raise ValueError("two rows claim the same turn of the same trajectory")
+        return cls(
+            trajectory=torch.from_numpy(trajectory),
+            turn=torch.from_numpy(turn),
+            group=torch.from_numpy(group),
+            valid=torch.from_numpy(valid_np),
+        )
+
+    @classmethod
+    def from_keys(cls, keys: Sequence[str], is_padding: Sequence[bool]) -> TrajectoryLayout:
+        """Parse verl's V1 sample keys `{uid}_{session_id}_{index}`: trajectory `{uid}_{session_id}`,
+        turn `index` (the position of the output in the list the agent loop returned), group `uid`."""
+        prefixes, turns, uids = [], [], []
+        for key in keys:
+            prefix, _, index = key.rpartition("_")
+            uid = prefix.rpartition("_")[0]
+            if not uid or not index.isdigit():
+                raise ValueError(f"sample key {key!r} is not verl's `{{uid}}_{{session_id}}_{{index}}`")
+            prefixes.append(prefix)
+            turns.append(int(index))
+            uids.append(uid)
+        return cls.from_ids(prefixes, turns, uids, [not p for p in is_padding])
+
+
+@dataclass(frozen=True)
+class Advantages:
+    advantages: torch.Tensor  # (rows, response_len), zero where the response mask is zero
+    returns: torch.Tensor  # (rows, response_len)
+    metrics: dict[str, float]
+
+
+def _final_rows(layout: TrajectoryLayout, eligible: torch.Tensor | None = None) -> torch.Tensor:
+    """Row index of each trajectory's last turn (among `eligible` rows), ordered by trajectory id."""
+    slots = layout.num_trajectories + 1
+    eligible = layout.valid if eligible is None else layout.valid & eligible
+    turn = torch.where(eligible, layout.turn, -1)
+    last_turn = torch.full((slots,), -1, dtype=torch.int64).scatter_reduce(0, layout.trajectory, turn, "amax")
+    is_final = eligible & (layout.turn == last_turn[layout.trajectory])
+    rows = is_final.nonzero().squeeze(1)
+    order = layout.trajectory[rows].argsort()
+    return rows[order]
+
+
+def _check_finite(name: str, values: torch.Tensor, what: str) -> None:
+    bad = ~torch.isfinite(values)
+    if bad.any():
+        raise ValueError(
+            f"{name}: {int(bad.sum())} {what} are not finite (nan or inf), e.g. {values[bad][:3].tolist()}; "
+            "the reward function (or critic) must return finite numbers"
+        )
+
+
+def _turns_per_trajectory(layout: TrajectoryLayout) -> torch.Tensor:
+    counts = torch.bincount(layout.trajectory, minlength=layout.num_trajectories + 1)
+    return counts[: layout.num_trajectories]
+
+
+def _layout_metrics(layout: TrajectoryLayout) -> dict[str, float]:
+    turns = _turns_per_trajectory(layout).float()
+    return {
+        "multi_context/trajectories": float(layout.num_trajectories),
+        "multi_context/turns_mean": turns.mean().item() if turns.numel() else 0.0,
+        "multi_context/turns_max": turns.max().item() if turns.numel() else 0.0,
+        "multi_context/padding_rows": float((~layout.valid).sum()),
+    }
+
+
+def multi_context_grpo(
+    token_level_rewards: torch.Tensor,
+    response_mask: torch.Tensor,
+    layout: TrajectoryLayout,
+    *,
+    norm_by_std: bool = True,
+    epsilon: float = 1e-6,
+    weight_trajectories: bool = False,
+    drop_zero_variance: bool = False,
+    turn_discount: float = 1.0,
+) -> Advantages:
+    """GRPO with one advantage per trajectory, broadcast to every generated token of all its turns.
+
+    A trajectory's reward is the summed token rewards of its last turn's row (verl copies the score
+    to every turn). Within a prompt group: A = (r - mean) / (std + epsilon), std unbiased; a group of
+    one trajectory gets mean 0 and std 1. Defaults reproduce verl's built-in multi-trajectory `grpo`.
+
+    - `weight_trajectories`: scale trajectory j's advantage by mean_turns / turns_j, so a trajectory's
+      summed per-row weight is the same whatever its number of turns (exact with
+      `loss_agg_mode=seq-mean-token-mean`; see docs/estimators.md).
+    - `drop_zero_variance`: groups whose rewards are all equal get exactly zero advantage and are
+      counted in `multi_context/zero_variance_groups`.
+    - `turn_discount` (gamma): turn t of T (final turn t = T) is scaled by gamma^(T - t).
+    """
+    if response_mask.shape != token_level_rewards.shape:
+        raise ValueError("token_level_rewards and response_mask must have the same shape")
+    num_traj, num_groups = layout.num_trajectories, layout.num_groups
+    final = _final_rows(layout)
+    reward = token_level_rewards.index_select(0, final).sum(-1)
+    _check_finite("multi_context_grpo", reward, "trajectory rewards")
+
+    group = layout.group
+    count = torch.bincount(group, minlength=num_groups).to(reward.dtype)
+    mean = torch.zeros(num_groups, dtype=reward.dtype).index_add_(0, group, reward) / count
+    centred = reward - mean[group]
+    sq = torch.zeros(num_groups, dtype=reward.dtype).index_add_(0, group, centred.square())
+    std = (sq / (count - 1).clamp(min=1)).sqrt()
+    single = count == 1
+    mean = torch.where(single, torch.zeros_like(mean), mean)
+    std = torch.where(single, torch.ones_like(std), std)
+    advantage = reward - mean[group]
+    if norm_by_std:
+        advantage = advantage / (std[group] + epsilon)
+
+    high = torch.full((num_groups,), -torch.inf, dtype=reward.dtype).scatter_reduce(0, group, reward, "amax")
+    low = torch.full((num_groups,), torch.inf, dtype=reward.dtype).scatter_reduce(0, group, reward, "amin")
+    zero_variance = (~single) & (high == low)
+    if drop_zero_variance:
+        advantage = torch.where(zero_variance[group], torch.zeros_like(advantage), advantage)
+
+    turns = _turns_per_trajectory(layout).to(reward.dtype)
+    if weight_trajectories and num_traj:
+        advantage = advantage * (turns.mean() / turns)
+
+    per_row = torch.cat([advantage, advantage.new_zeros(1)])[layout.trajectory]
+    if turn_discount != 1.0:
+        last_turn = torch.zeros(num_traj + 1, dtype=torch.int64)
+        last_turn[layout.trajectory[final]] = layout.turn[final]
+        per_row = per_row * turn_discount ** (last_turn[layout.trajectory] - layout.turn).to(per_row.dtype)
+
+    advantages = per_row.unsqueeze(-1) * response_mask
+    metrics = _layout_metrics(layout)
+    metrics["multi_context/zero_variance_groups"] = zero_variance.float().mean().item() if num_groups else 0.0
+    metrics["multi_context/dropped_trajectories"] = float(zero_variance[group].sum()) if drop_zero_variance else 0.0
+    return Advantages(advantages=advantages, returns=advantages, metrics=metrics)
+
+
+def _masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Zero-mean, unit-variance (unbiased) over the masked entries, as verl whitens GAE advantages."""
+    count = mask.sum()
+    if count < 2:
+        return values * mask
+    mean = (values * mask).sum() / count
+    var = ((values - mean).square() * mask).sum() / (count - 1)
+    return (values - mean) * torch.rsqrt(var + 1e-8) * mask
+
+
+def _row_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, gamma_lam: float):
+    """GAE inside each row with nothing after it (next value 0, next advantage 0); tokens with mask 0
+    are skipped, as in verl's `compute_gae_advantage_return`. Loops over columns, not rows."""
+    advantages = torch.zeros_like(values)
+    next_value = values.new_zeros(values.shape[0])
+    last = values.new_zeros(values.shape[0])
+    for t in reversed(range(values.shape[1])):
+        keep = mask[:, t]
+        delta = rewards[:, t] + gamma * next_value - values[:, t]
+        last = torch.where(keep, delta + gamma_lam * last, last)
+        next_value = torch.where(keep, values[:, t], next_value)
+        advantages[:, t] = last
+    return advantages
+
+
+def multi_context_gae(
+    token_level_scores: torch.Tensor,
+    token_level_rewards: torch.Tensor,
+    values: torch.Tensor,
+    response_mask: torch.Tensor,
+    layout: TrajectoryLayout,
+    *,
+    gamma: float = 1.0,
+    lam: float = 1.0,
+    whiten: bool = True,
+) -> Advantages:
+    """MEM1's PPO advantage: GAE over a trajectory's generated tokens, turn after turn.
+
+    The result equals verl's GAE run on one sequence holding all turns' responses in turn order:
+    the bootstrap value after the last generated token of turn t is the critic's value at the first
+    generated token of turn t+1 (the start of turn t+1), and the trajectory's outcome (its final
+    turn's summed `token_level_scores`) sits at the last generated token of its final turn (of the
+    last turn that generated anything, should the final one be empty). Per-token
+    terms `token_level_rewards - token_level_scores` (verl's in-reward KL penalty) stay where they are.
+    Advantages are then whitened over all valid tokens, as verl's GAE does.
+    """
+    if not (token_level_scores.shape == token_level_rewards.shape == values.shape == response_mask.shape):
+        raise ValueError("token_level_scores, token_level_rewards, values and response_mask must have one shape")
+    num_traj = layout.num_trajectories
+    mask = response_mask.bool() & layout.valid.unsqueeze(-1)
+    values = values.float() * mask
+    final = _final_rows(layout)
+    outcome = token_level_scores.index_select(0, final).sum(-1).float()
+    _check_finite("multi_context_gae", outcome, "trajectory rewards")
+    dense = (token_level_rewards - token_level_scores).float() * mask
+    _check_finite("multi_context_gae", dense, "per-token rewards")
+    _check_finite("multi_context_gae", values, "critic values")
+
+    # the outcome goes to the trajectory's last generated token (in its final turn, unless that is empty)
+    generated_after = mask.flip(-1).cumsum(-1).flip(-1)  # generated tokens from here to the row's end
+    last_generated = mask & (generated_after == 1)
+    target = _final_rows(layout, eligible=mask.any(-1))
+    target_outcome = outcome[layout.trajectory[target]].unsqueeze(-1)
+    rewards = dense.index_add(0, target, last_generated[target].float() * target_outcome)
+
+    gamma_lam = gamma * lam
+    local = _row_gae(rewards, values, mask, gamma, gamma_lam)
+
+    # Chain rows back to front. For row t: B_t = gamma * V_start(t+1) + gamma*lam * A_start(t+1) enters
+    # at its last generated token and decays by gamma*lam per generated token before it.
+    rows = layout.trajectory.numel()
+    generated = mask.sum(-1)
+    first_col = mask.float().argmax(-1)
+    row_ids = torch.arange(rows)
+    local_start = local[row_ids, first_col]
+    value_start = values[row_ids, first_col]
+    order = torch.argsort(layout.trajectory * (int(layout.turn.max()) + 1 if rows else 1) + layout.turn)
+    traj_sorted = layout.trajectory[order]
+    has_next_sorted = torch.cat([traj_sorted[1:] == traj_sorted[:-1], torch.zeros(1, dtype=torch.bool)])
+    next_row = torch.full((rows,), -1, dtype=torch.int64)
+    next_row[order[:-1]] = torch.where(has_next_sorted[:-1], order[1:], -1)
+    # depth = how many rows of the same trajectory follow this one
+    counts = torch.bincount(traj_sorted, minlength=num_traj + 1)
+    ends = counts.cumsum(0)[traj_sorted]
+    depth = torch.empty(rows, dtype=torch.int64)
+    depth[order] = ends - 1 - torch.arange(rows)
+
+    start_adv = torch.zeros(rows)  # GAE advantage at the row's first generated token (chain included)
+    start_value = torch.zeros(rows)  # critic value there (carried through rows with nothing generated)
+    bootstrap = torch.zeros(rows)
+    for d in range(int(depth.max()) + 1 if rows else 0):
+        at = (depth == d).nonzero().squeeze(1)
+        nxt = next_row[at]
+        has_next = nxt >= 0
+        nxt = nxt.clamp(min=0)
+        b = torch.where(has_next, gamma * start_value[nxt] + gamma_lam * start_adv[nxt], torch.zeros(at.numel()))
+        n = generated[at]
+        decay = gamma_lam ** (n - 1).clamp(min=0).float()
+        empty = n == 0
+        start_adv[at] = torch.where(empty, torch.where(has_next, start_adv[nxt], 0.0), local_start[at] + decay * b)
+        start_value[at] = torch.where(empty, torch.where(has_next, start_value[nxt], 0.0), value_start[at])
+        bootstrap[at] = b
+
+    decay = gamma_lam ** (generated_after - 1).clamp(min=0).float()
+    advantages = (local + decay * bootstrap.unsqueeze(-1)) * mask
+    returns = (advantages + values) * mask
+    if whiten:
+        advantages = _masked_whiten(advantages, mask)
+    return Advantages(advantages=advantages, returns=returns, metrics=_layout_metrics(layout))
