@@ -209,6 +209,7 @@ def create_app(limits: ServerLimits) -> FastAPI:
                 cache_hits=engine_stats.cache_hits,
                 joined_in_flight=engine_stats.joined_in_flight,
                 batches=engine_stats.batches,
+                searched=engine_stats.searched,
                 mean_batch=round(engine_stats.searched / engine_stats.batches, 2) if engine_stats.batches else None,
                 search_seconds=round(engine_stats.search_seconds, 3),
             )

@@ -1,0 +1,138 @@
+"""Under load the answers equal the sequential ones; malformed bodies are all 4xx; bad indexes fail clearly."""
+
+import asyncio
+import json
+import subprocess
+import sys
+
+import httpx
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+
+@pytest.fixture(scope="module")
+def uncached_url(retriever_server, bm25_index_dir):
+    """No cache, so every concurrent answer is searched again (batched with strangers), not replayed."""
+    return retriever_server(bm25_index_dir, "--cache-size", "0").url
+
+
+@pytest.fixture(scope="module")
+def questions(data_dir):
+    return [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
+
+
+async def test_hundreds_of_concurrent_requests_equal_sequential_answers(uncached_url, questions):
+    bodies = [{"queries": [q], "topk": 1 + i % 5, "return_scores": True} for i, q in enumerate(questions[:300])]
+    bodies += [{"queries": questions[i : i + 4], "topk": 3, "return_scores": True} for i in range(0, 200, 4)]
+    limits = httpx.Limits(max_connections=400)
+    async with httpx.AsyncClient(base_url=uncached_url, timeout=120, limits=limits) as client:
+        sequential = [(await client.post("/retrieve", json=body)).json() for body in bodies]
+        before = (await client.get("/stats")).json()
+        responses = await asyncio.gather(*(client.post("/retrieve", json=body) for body in bodies))
+        after = (await client.get("/stats")).json()
+    assert all(r.status_code == 200 for r in responses)
+    assert [r.json() for r in responses] == sequential
+    batches, searched = after["batches"] - before["batches"], after["searched"] - before["searched"]
+    print(f"{searched} queries searched in {batches} batches")
+    assert batches < searched, "concurrent queries were never coalesced"
+
+
+@pytest.fixture(scope="module")
+def malformed_url(retriever_server, bm25_index_dir):
+    return retriever_server(bm25_index_dir, "--max-queries", "8", "--max-body-bytes", "4096").url
+
+
+json_values = st.recursive(
+    st.none() | st.booleans() | st.integers() | st.floats(allow_nan=False) | st.text(max_size=20),
+    lambda children: st.lists(children, max_size=5) | st.dictionaries(st.text(max_size=8), children, max_size=5),
+    max_leaves=20,
+)
+wrong_fields = st.fixed_dictionaries(
+    {},
+    optional={
+        "queries": json_values | st.lists(json_values, max_size=10) | st.lists(st.text(max_size=5), min_size=9),
+        "topk": json_values | st.integers(min_value=-5, max_value=1000),
+        "return_scores": json_values,
+        "extra": json_values,
+    },
+).filter(lambda body: not _valid_retrieve(body))
+
+
+def _valid_retrieve(body) -> bool:
+    queries, topk = body.get("queries"), body.get("topk")
+    return (
+        set(body) <= {"queries", "topk", "return_scores"}
+        and isinstance(queries, list)
+        and 1 <= len(queries) <= 8
+        and all(isinstance(q, str) for q in queries)
+        and (topk is None or (type(topk) is int and 1 <= topk <= 50))
+        and type(body.get("return_scores", False)) is bool
+    )
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(body=st.one_of(json_values.map(json.dumps), wrong_fields.map(json.dumps), st.binary(max_size=300)))
+def test_malformed_bodies_are_all_4xx(malformed_url, body):
+    for path in ("/retrieve", "/search", "/batch_search"):
+        response = httpx.post(f"{malformed_url}{path}", content=body, timeout=30)
+        if path == "/retrieve":
+            assert 400 <= response.status_code < 500, (body, response.text)
+        else:
+            assert response.status_code < 500, (body, response.text)
+        assert response.json()["detail"]
+
+
+def test_server_still_answers_after_malformed_bodies(malformed_url):
+    """Runs after the hypothesis test above (file order) on the same server process."""
+    assert httpx.get(f"{malformed_url}/health").json()["status"] == "ready"
+    response = httpx.post(f"{malformed_url}/retrieve", json={"queries": ["Toto"], "topk": 2})
+    assert response.status_code == 200 and len(response.json()["result"][0]) == 2
+
+
+def _serve(index_dir) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0"]
+    return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_missing_index_is_a_clear_start_up_error(tmp_path):
+    result = _serve(tmp_path / "absent")
+    assert result.returncode == 2 and "no such directory" in result.stderr and "build" in result.stderr
+    result = _serve(tmp_path)
+    assert result.returncode == 2 and "meta.json: missing" in result.stderr
+
+
+def test_corrupt_index_is_a_clear_start_up_error(tmp_path, bm25_index_dir):
+    import shutil
+
+    broken = tmp_path / "broken"
+    shutil.copytree(bm25_index_dir, broken)
+    (broken / "meta.json").write_text("{not json")
+    result = _serve(broken)
+    assert result.returncode == 2 and "meta.json: corrupt" in result.stderr
+
+    shutil.copy(bm25_index_dir / "meta.json", broken / "meta.json")
+    for name in ("data.csc.index.npy", "params.index.json"):
+        (broken / "bm25" / name).write_bytes(b"garbage")
+    result = _serve(broken)
+    assert result.returncode == 1
+    assert "cannot serve" in result.stderr and "cannot load the bm25 index" in result.stderr
+
+    shutil.rmtree(broken / "corpus")
+    result = _serve(broken)
+    assert result.returncode == 1 and "data.bin: missing" in result.stderr
+
+
+def test_build_errors_name_the_problem(tmp_path):
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "0", "contents": "ok"}\n{"id": "1"}\n')
+    command = [sys.executable, "-m", "retriever_server", "build", "--out", str(tmp_path / "out"), "--corpus", str(bad)]
+    result = subprocess.run([*command, "--kind", "bm25"], capture_output=True, text=True)
+    assert result.returncode == 2 and f"{bad}:2:" in result.stderr
+    result = subprocess.run([*command, "--kind", "dense"], capture_output=True, text=True)
+    assert result.returncode == 2 and "--kind dense needs --encoder" in result.stderr
+    good = tmp_path / "good.jsonl"
+    good.write_text('{"id": "0", "contents": "ok"}\n')
+    command[command.index(str(bad))] = str(good)
+    result = subprocess.run([*command, "--kind", "pyserini"], capture_output=True, text=True)
+    assert result.returncode == 2 and "pyserini" in result.stderr and "Java 21" in result.stderr

@@ -1,0 +1,135 @@
+"""Both HTTP APIs against a real server process serving a BM25 index of the bundled corpus."""
+
+import json
+
+import httpx
+import numpy as np
+import pytest
+
+
+@pytest.fixture(scope="module")
+def bm25_url(retriever_server, bm25_index_dir):
+    return retriever_server(bm25_index_dir).url
+
+
+@pytest.fixture(scope="module")
+def corpus(data_dir):
+    return [json.loads(line) for line in (data_dir / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+@pytest.fixture(scope="module")
+def questions(data_dir):
+    return [json.loads(line) for line in (data_dir / "qa_multihop.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_retrieve_with_scores_is_search_r1_shaped_and_sorted(bm25_url, corpus):
+    body = {"queries": ["Jeff Porcaro drummer Toto", "Evan Morris lobbyist"], "topk": 4, "return_scores": True}
+    result = httpx.post(f"{bm25_url}/retrieve", json=body).json()["result"]
+    assert len(result) == 2 and all(len(hits) == 4 for hits in result)
+    by_id = {row["id"]: row["contents"] for row in corpus}
+    for hits in result:
+        scores = [hit["score"] for hit in hits]
+        assert scores == sorted(scores, reverse=True) and scores[0] > 0
+        for hit in hits:
+            assert set(hit) == {"document", "score"} and set(hit["document"]) == {"id", "contents"}
+            assert hit["document"]["contents"] == by_id[hit["document"]["id"]]
+    assert result[0][0]["document"]["contents"].startswith('"Jeff Porcaro"\n')
+
+
+def test_retrieve_without_scores_returns_the_same_documents_bare(bm25_url):
+    queries = ["Jeff Porcaro drummer Toto", "director of Harry Potter films"]
+    scored = httpx.post(f"{bm25_url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": True}).json()
+    bare = httpx.post(f"{bm25_url}/retrieve", json={"queries": queries, "topk": 3, "return_scores": False}).json()
+    assert bare["result"] == [[hit["document"] for hit in hits] for hits in scored["result"]]
+    default = httpx.post(f"{bm25_url}/retrieve", json={"queries": queries}).json()  # topk null -> server default 3
+    assert default == bare
+
+
+def test_memsearcher_search_and_batch_search(bm25_url):
+    retrieve = httpx.post(f"{bm25_url}/retrieve", json={"queries": ["Pietro Germi film director"], "topk": 5}).json()
+    docs = retrieve["result"][0]
+    single = httpx.post(f"{bm25_url}/search", json={"query": "Pietro Germi film director", "top_n": 5}).json()
+    assert single == docs
+    scored = httpx.post(f"{bm25_url}/search", json={"query": "Pietro Germi film director", "return_score": True})
+    assert [{k: v for k, v in d.items() if k != "score"} for d in scored.json()] == docs[:3]
+    assert all(isinstance(d["score"], float) for d in scored.json())
+    batch = httpx.post(f"{bm25_url}/batch_search", json={"query": ["Pietro Germi film director", "x"], "top_n": 5})
+    assert batch.json()[0] == docs and len(batch.json()) == 2
+
+
+def test_known_item_recall_at_1(bm25_url, corpus):
+    """A passage's title plus its opening words find that passage first."""
+    rows = [corpus[i] for i in np.random.default_rng(1).choice(len(corpus), size=200, replace=False)]
+    queries = []
+    for row in rows:
+        title, _, text = row["contents"].partition("\n")
+        queries.append(f"{title.strip(chr(34))} {' '.join(text.split()[:12])}")
+    result = httpx.post(f"{bm25_url}/retrieve", json={"queries": queries, "topk": 1}, timeout=60).json()["result"]
+    hits = sum(r[0]["id"] == row["id"] for r, row in zip(result, rows, strict=True))
+    assert hits / len(rows) >= 0.95
+
+
+def test_supporting_passage_recall_on_multihop_questions(bm25_url, questions):
+    queries = [q["question"] for q in questions]
+    result = httpx.post(f"{bm25_url}/retrieve", json={"queries": queries, "topk": 10}, timeout=60).json()["result"]
+    recall = {}
+    for k in (3, 10):
+        found = [len(set(q["supporting_ids"]) & {h["id"] for h in r[:k]}) / len(q["supporting_ids"])
+                 for q, r in zip(questions, result, strict=True)]  # fmt: skip
+        recall[k] = float(np.mean(found))
+    assert recall[3] >= 0.45 and recall[10] >= 0.6, recall
+    assert recall[10] > recall[3]
+
+
+@pytest.mark.parametrize(
+    ("path", "body", "field"),
+    [
+        ("/retrieve", {"queries": []}, "queries: empty"),
+        ("/retrieve", {"queries": ["a"] * 1025}, "queries: 1025 queries, the limit is 1024"),
+        ("/retrieve", {"queries": ["a", 3]}, "queries.1: Input should be a valid string"),
+        ("/retrieve", {"queries": ["a" * 4097]}, "queries.0: 4097 characters"),
+        ("/retrieve", {"queries": ["a"], "topk": 51}, "topk: 51 is outside 1..50"),
+        ("/retrieve", {"queries": ["a"], "topk": 0}, "topk: 0 is outside"),
+        ("/retrieve", {"queries": ["a"], "topk": "3"}, "topk: Input should be a valid integer"),
+        ("/retrieve", {"queries": ["a"], "return_scores": "yes"}, "return_scores: Input should be a valid boolean"),
+        ("/retrieve", {"query": ["a"]}, "queries: Field required"),
+        ("/search", {"query": ["a"]}, "query: Input should be a valid string"),
+        ("/search", {"query": "a", "top_n": 100}, "top_n: 100 is outside"),
+        ("/batch_search", {"query": "a"}, "query: Input should be a valid array"),
+    ],
+)
+def test_client_mistakes_are_422_naming_the_field(bm25_url, path, body, field):
+    response = httpx.post(f"{bm25_url}{path}", json=body)
+    assert response.status_code == 422
+    assert field in response.json()["detail"]
+
+
+def test_invalid_json_and_oversized_body(bm25_url):
+    response = httpx.post(f"{bm25_url}/retrieve", content=b"{not json")
+    assert response.status_code == 422 and "body: Invalid JSON" in response.json()["detail"]
+    huge = json.dumps({"queries": ["word " * 800] * 1100}).encode()
+    response = httpx.post(f"{bm25_url}/retrieve", content=huge)
+    assert response.status_code == 413 and "body" in response.json()["detail"]
+
+
+def test_health_and_stats_count_requests_and_cache_hits(bm25_url):
+    assert httpx.get(f"{bm25_url}/health").json() == {"status": "ready", "kind": "bm25", "num_passages": 14230}
+    before = httpx.get(f"{bm25_url}/stats").json()
+    for _ in range(3):
+        httpx.post(f"{bm25_url}/retrieve", json={"queries": ["a query seen three times"]})
+    after = httpx.get(f"{bm25_url}/stats").json()
+    assert after["requests"]["retrieve"] - before["requests"].get("retrieve", 0) == 3
+    assert after["queries"] - before["queries"] == 3
+    assert after["cache_hits"] - before["cache_hits"] >= 2
+    assert after["latency_ms"]["p50"] > 0 and after["index"] == {"kind": "bm25", "num_passages": 14230}
+
+
+def test_bearer_token_is_required_when_configured(retriever_server, bm25_index_dir, monkeypatch):
+    monkeypatch.setenv("RETRIEVER_TEST_TOKEN", "s3cret")
+    url = retriever_server(bm25_index_dir, "--token-env", "RETRIEVER_TEST_TOKEN").url
+    body = {"queries": ["Toto band"]}
+    assert httpx.post(f"{url}/retrieve", json=body).status_code == 401
+    assert httpx.post(f"{url}/retrieve", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
+    ok = httpx.post(f"{url}/retrieve", json=body, headers={"Authorization": "Bearer s3cret"})
+    assert ok.status_code == 200 and len(ok.json()["result"][0]) == 3
+    assert httpx.get(f"{url}/health").status_code == 200
