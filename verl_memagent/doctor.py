@@ -122,6 +122,23 @@ def check_devices(report: Report) -> None:
         report.add("GPUs", f"unknown ({e})")
 
 
+def check_cpu_path(report: Report) -> None:
+    """Can verl's trainer run on CPU here (`VERL_PLATFORM=cpu`, `rollout.name=hf`, docs/cpu.md)?"""
+    try:
+        from verl_memagent.cpu.register import cpu_path_problems, cpu_platform_requested
+
+        problems = cpu_path_problems()
+    except Exception:
+        report.add("cpu path", "FAILED")
+        report.lines.append(traceback.format_exc())
+        report.fail("checking the CPU path raised: see the traceback above")
+        return
+    report.add("cpu path", "usable" if not problems else "NOT usable: " + "; ".join(problems))
+    report.add("cpu path selected", "yes (VERL_PLATFORM=cpu)" if cpu_platform_requested() else "no")
+    if problems:
+        report.fail(f"the CPU path is not usable: {problems[0]}")
+
+
 def check_retriever(report: Report, url: str, timeout: float = 5.0) -> None:
     health = url.rstrip("/") + "/health"
     try:
@@ -138,6 +155,7 @@ def run_doctor(retriever: str | None = None, plugin_module: str = PLUGIN_MODULE)
     check_packages(report)
     check_plugin(report, plugin_module)
     check_devices(report)
+    check_cpu_path(report)
     if retriever:
         check_retriever(report, retriever)
     return report

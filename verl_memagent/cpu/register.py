@@ -40,3 +40,24 @@ when_imported("verl.workers.rollout.replica", _register_replica)
 when_imported("verl.workers.rollout.base", _register_server_adapter)
 if cpu_platform_requested():
     patches.install()
+
+
+def cpu_path_problems() -> list[str]:
+    """Why verl's trainer could not run on CPU here (empty when it can): what `doctor` reports."""
+    import torch.distributed
+    from verl.plugin.platform.platform_manager import PlatformRegistry
+    from verl.workers.rollout.replica import RolloutReplicaRegistry
+
+    problems = []
+    if PlatformRegistry.get(platform.NAME) is not platform.PlatformCPU:
+        problems.append("the cpu platform is not registered with verl")
+    if "hf" not in RolloutReplicaRegistry._registry:
+        problems.append("the hf rollout is not registered with verl")
+    if not torch.distributed.is_available() or not torch.distributed.is_gloo_available():
+        problems.append("this torch build has no gloo backend for CPU collectives")
+    try:
+        from torch.distributed.fsdp import fully_shard  # noqa: F401  (FSDP2)
+    except ImportError:
+        problems.append("this torch has no FSDP2 (torch.distributed.fsdp.fully_shard); torch>=2.6 needed")
+    problems += [f"verl changed under a CPU patch: {stale}" for stale in patches.check_targets()]
+    return problems
