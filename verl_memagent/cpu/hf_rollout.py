@@ -103,7 +103,7 @@ class HFReplica(RolloutReplica):
         if self.rollout_mode != RolloutMode.HYBRID:
             raise NotImplementedError(
                 f"hf rollout runs colocated with the trainer (hybrid mode), not {self.rollout_mode.value}: "
-                "keep actor_rollout_ref.hybrid_engine=True and trainer.v1.trainer_mode=sync"
+                "keep actor_rollout_ref.hybrid_engine=True and a synchronous trainer.v1.trainer_mode (sync)"
             )
         node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         name = server_actor_name(self.replica_rank)
