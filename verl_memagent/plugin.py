@@ -11,6 +11,10 @@ import importlib
 PROVIDES: dict[str, dict[str, list[str]]] = {
     "verl_memagent.cpu.register": {"platform": ["cpu"], "rollout": ["hf"]},
     "verl_memagent.agent": {"agent_loop": ["memsearcher", "mem1", "react"]},
+    "verl_memagent.algo.register": {
+        "adv_estimator": ["multi_context_grpo", "multi_context_gae"],
+        "trainer": ["memagent_sync", "memagent_colocate_async", "memagent_separate_async"],
+    },
 }
 
 for _module in PROVIDES:

@@ -36,3 +36,19 @@ def build_rows(trajectories: list[Trajectory], width: int | None = None, padding
         scores.append(torch.zeros(width))
     is_padding = [False] * (len(keys) - padding) + [True] * padding
     return keys, is_padding, torch.stack(masks), torch.stack(scores)
+
+
+def verl_gae_on_one_sequence(masks, values, outcome: float, gamma: float, lam: float, dense=None):
+    """verl's GAE over a trajectory's turns laid end to end as one sequence, the outcome at its last
+    generated token. Returns raw advantages and returns at the generated tokens, in order."""
+    from verl.trainer.ppo.core_algos import compute_gae_advantage_return
+
+    mask = torch.cat(list(masks)).unsqueeze(0)
+    seq_values = torch.cat(list(values)).unsqueeze(0).float()
+    rewards = torch.zeros_like(seq_values) if dense is None else torch.cat(list(dense)).unsqueeze(0).clone()
+    rewards[0, mask[0].nonzero().max()] += outcome
+    # a second, all-generated row only keeps verl's whitening defined (it needs two tokens)
+    two = [torch.cat([x, torch.ones_like(x)]) for x in (rewards, seq_values, mask)]
+    returns = compute_gae_advantage_return(*two, gamma, lam)[1][:1]
+    generated = mask.bool()
+    return (returns - seq_values)[generated], returns[generated]

@@ -4,9 +4,9 @@ import math
 
 import pytest
 import torch
+from algo_batches import verl_gae_on_one_sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 
 from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_gae
 
@@ -98,16 +98,10 @@ def test_equals_verl_gae_over_the_turns_laid_out_as_one_sequence(trajectories, g
 
     for j, turns in enumerate(trajectories):
         order = [keys.index(f"u{j % 2}_{j}_{t}") for t in range(len(turns))]
-        seq_mask = mask[order].reshape(1, -1)
-        if seq_mask.sum() == 0:
+        generated = mask[order].bool()
+        if not generated.any():
             assert out.advantages[order].abs().max() == 0
             continue
-        seq_rewards = kl[order].reshape(1, -1).clone()
-        seq_rewards[0, seq_mask[0].nonzero().max()] += outcome[j]
-        seq_values = values[order].reshape(1, -1)
-        # a second, all-generated row only keeps verl's whitening defined (it needs two tokens)
-        two = [torch.cat([x, torch.ones_like(x)]) for x in (seq_rewards, seq_values, seq_mask)]
-        returns = compute_gae_advantage_return(*two, gamma, lam)[1][:1]
-        expected = (returns - seq_values) * seq_mask  # verl whitens its advantages; returns - values is raw GAE
-        torch.testing.assert_close(out.advantages[order].reshape(1, -1), expected, atol=1e-5, rtol=1e-5)
-        torch.testing.assert_close(out.returns[order].reshape(1, -1), returns * seq_mask, atol=1e-5, rtol=1e-5)
+        advantages, returns = verl_gae_on_one_sequence(mask[order], values[order], outcome[j], gamma, lam, kl[order])
+        torch.testing.assert_close(out.advantages[order][generated], advantages, atol=1e-5, rtol=1e-5)
+        torch.testing.assert_close(out.returns[order][generated], returns, atol=1e-5, rtol=1e-5)

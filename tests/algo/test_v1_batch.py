@@ -1,0 +1,178 @@
+"""Through the batch verl's V1 trainer really builds: verl's agent-loop worker writes the outputs to a
+real TransferQueue under `{uid}_{session}_{i}`, verl pads the batch and reorders it for balance, then
+verl's own `_compute_advantage` (built-in grpo) and our trainer's run on the same keys."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import ray
+import torch
+import transfer_queue as tq
+from algo_batches import verl_gae_on_one_sequence
+from omegaconf import OmegaConf
+from tensordict import TensorDict
+from transfer_queue import KVBatchMeta
+from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
+from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.seqlen_balancing import calculate_workload, get_seqlen_balanced_partitions
+from verl.workers.utils.padding import response_to_nested
+
+from verl_memagent.algo.trainer import MultiContextTrainerSync
+
+N_SESSIONS = 3
+PAD_TO = 8
+# uid -> sessions: (reward, response masks per turn); u2 has equal rewards; u3 kept one session of three
+ROLLOUTS = {
+    "u1": [(1.0, [[1, 1, 0, 0, 1], [1, 1], [1, 0, 1]]), (0.0, [[1, 1, 1]]), (0.5, [[1], [1, 0, 1, 1]])],
+    "u2": [(1.0, [[1, 1], [1]]), (1.0, [[1, 1, 1], [1, 0, 1]]), (1.0, [[1, 1]])],
+    "u3": [(0.3, [[1, 1, 0, 1]])],
+}
+
+
+@pytest.fixture(scope="module")
+def transfer_queue():
+    # Ray counts CPUs as slots; TransferQueue's controller and storage units need more than 2
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    tq.init()
+    yield tq
+    tq.close()
+    ray.shutdown()
+
+
+def _config(estimator: str, **algorithm):
+    return OmegaConf.create(
+        {
+            "algorithm": {
+                "adv_estimator": estimator,
+                "gamma": 1.0,
+                "lam": 1.0,
+                "norm_adv_by_std_in_grpo": True,
+                "use_kl_in_reward": False,
+                "kl_penalty": "kl",
+                "rollout_correction": None,
+                **algorithm,
+            },
+            "actor_rollout_ref": {"rollout": {"n": N_SESSIONS}},
+        }
+    )
+
+
+async def _write_rollouts(partition: str):
+    """verl's AgentLoopWorkerTQ._agent_loop_postprocess puts each run()'s outputs into TransferQueue."""
+    worker = object.__new__(AgentLoopWorkerTQ.__ray_actor_class__)
+    worker.processor = None  # text only
+    worker.reward_loop_worker_handles = None  # the score is already set, as the reward manager would
+    worker.distillation_enabled = False
+    for uid, sessions in ROLLOUTS.items():
+        for session, (reward, masks) in enumerate(sessions):
+            outputs = [
+                AgentLoopOutput(
+                    prompt_ids=[7, 8, 9 + turn],
+                    response_ids=[20 + turn] * len(mask),
+                    response_mask=mask,
+                    metrics=AgentLoopMetrics(),
+                    extra_fields={"trajectory_id": f"traj-{uid}-{session}", "turn_index": turn},
+                )
+                for turn, mask in enumerate(masks)
+            ]
+            outputs[-1].reward_score = reward
+            outputs[-1].extra_fields["reward_extra_info"] = {}
+            await worker._agent_loop_postprocess(
+                outputs, validate=partition == "val", uid=uid, session_id=session, global_steps=1
+            )
+
+
+def _balanced_batch(partition: str):
+    """The batch `_balance_batch` hands on: padded to a multiple, then reordered by sequence length."""
+    tags = tq.kv_list(partition)[partition]
+    keys = list(tags)
+    random.Random(0).shuffle(keys)
+    batch = KVBatchMeta(keys=keys, tags=[tags[k] for k in keys], partition_id=partition)
+    batch = upsample_batch_to_divisible_size(batch, PAD_TO, eos_token_id=2)
+    seqlens = torch.tensor([tag["seq_len"] for tag in batch.tags])
+    partitions = get_seqlen_balanced_partitions(calculate_workload(seqlens), k_partitions=2, equal_size=True)
+    batch.reorder([j for p in partitions for j in p])
+    return batch
+
+
+def _advantages(batch):
+    data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=["advantages"])
+    return data["advantages"].to_padded_tensor(0)
+
+
+def _trainer(cls, config):
+    trainer = object.__new__(cls)  # _compute_advantage needs only the config, not Ray workers
+    trainer.config = config
+    return trainer
+
+
+async def test_grpo_through_verls_batch_equals_verls_builtin_and_zeroes_padding(transfer_queue):
+    await _write_rollouts("train")
+    batch = _balanced_batch("train")
+    rows = sum(len(masks) for sessions in ROLLOUTS.values() for _, masks in sessions)
+    padding = [tag.get("is_padding", False) for tag in batch.tags]
+    assert sum(padding) == (-rows) % PAD_TO and len(batch) % PAD_TO == 0
+    assert [k for k, p in zip(batch.keys, padding, strict=True) if not p] != sorted(batch.keys)[:rows]
+
+    _trainer(PPOTrainerSync, _config("grpo"))._compute_advantage(batch, metrics={})
+    builtin = _advantages(batch)
+
+    metrics: dict = {}
+    _trainer(MultiContextTrainerSync, _config("multi_context_grpo"))._compute_advantage(batch, metrics)
+    ours = _advantages(batch)
+    torch.testing.assert_close(ours, builtin)
+    assert ours[torch.tensor(padding)].abs().max() == 0
+    assert metrics["multi_context/trajectories"] == 7
+    assert metrics["multi_context/padding_rows"] == sum(padding)
+    assert metrics["multi_context/turns_max"] == 3
+
+    # u1 session 0: three turns, reward 1 in a group with 0 and 0.5 -> (1 - 0.5) / (0.5 + eps) everywhere
+    mask = tq.kv_batch_get(keys=batch.keys, partition_id="train", select_fields=["response_mask"])
+    mask = mask["response_mask"].to_padded_tensor(0)
+    for i, key in enumerate(batch.keys):
+        if key.startswith("u1_0_"):
+            expected = 0.5 / (0.5 + 1e-6) * mask[i].float()
+            torch.testing.assert_close(ours[i], expected)
+
+    options = {"multi_context": {"drop_zero_variance_groups": True, "weight_trajectories": True}}
+    metrics = {}
+    _trainer(MultiContextTrainerSync, _config("multi_context_grpo", **options))._compute_advantage(batch, metrics)
+    weighted = _advantages(batch)
+    assert metrics["multi_context/dropped_trajectories"] == 3  # the three sessions of u2
+    mean_turns = rows / 7
+    for i, key in enumerate(batch.keys):
+        if key.startswith("u2_"):
+            assert weighted[i].abs().max() == 0
+        if key.startswith("u1_0_"):
+            torch.testing.assert_close(weighted[i], ours[i] * mean_turns / 3)
+
+
+async def test_gae_through_verls_batch_chains_each_trajectorys_turns(transfer_queue):
+    await _write_rollouts("val")
+    batch = _balanced_batch("val")
+    nested_mask = tq.kv_batch_get(keys=batch.keys, partition_id="val", select_fields=["response_mask"])["response_mask"]
+    mask = nested_mask.to_padded_tensor(0)
+    values = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
+    tq.kv_batch_put(
+        keys=batch.keys,
+        partition_id="val",
+        fields=TensorDict({"values": response_to_nested(values, nested_mask)}, batch_size=len(batch)),
+    )
+    metrics: dict = {}
+    config = _config("multi_context_gae", gamma=0.9, lam=0.95)
+    _trainer(MultiContextTrainerSync, config)._compute_advantage(batch, metrics)
+    out = tq.kv_batch_get(keys=batch.keys, partition_id="val", select_fields=["returns"])
+    returns = out["returns"].to_padded_tensor(0)
+
+    for uid, sessions in ROLLOUTS.items():
+        for session, (reward, masks) in enumerate(sessions):
+            order = [batch.keys.index(f"{uid}_{session}_{t}") for t in range(len(masks))]
+            expected = verl_gae_on_one_sequence(
+                [mask[i] for i in order], [values[i] for i in order], reward, gamma=0.9, lam=0.95
+            )[1]
+            got = torch.cat([returns[i][mask[i].bool()] for i in order])
+            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
