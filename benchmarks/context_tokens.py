@@ -1,0 +1,284 @@
+"""Context tokens per turn of memsearcher, mem1 and react over real retrieved documents.
+
+Scripted trajectories of 1..10 turns (T-1 searches, then the answer) run through the real agent
+loops, built the way verl builds them, against the real retriever service (BM25 over the bundled
+corpus, started here on a free loopback port). The scripts give the three agents the same reasoning
+and the same queries; memsearcher's memory and mem1's internal state grow by about 40 words of real
+passage text per search, as a model's notes would. For each agent and T it reports the context
+length of every turn, the peak context, and the total prefill (prompt tokens of every generate call,
+no prefix cache), averaged over the questions; it saves a PNG plot and prints one JSON line last.
+
+Targets: memsearcher and mem1 peaks stay flat within their caps whatever T; react needs >= 3x their
+total prefill at T = 10. Also reported: prefill with a prefix cache of the trajectory's earlier
+requests (as vLLM's automatic prefix caching serves them), and peak-context ratios.
+
+    python benchmarks/context_tokens.py [--questions 5] [--tokenizer DIR] [--plot PATH]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import httpx
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from verl_memagent.agent import ScriptedPolicy, instantiate_agent_loop, verl_trainer_config  # noqa: E402
+
+AGENTS = ("memsearcher", "mem1", "react")
+MAX_TURNS = 10
+#: the papers' limits: 512 new tokens per call, memory cap 1024, 4k context for the memory agents
+SETTINGS = {"max_new_tokens": 512, "memory_max_tokens": 1024, "observation_max_tokens": 2048}
+MEMORY_CONTEXT_CAP = 4096
+NOTE_WORDS_PER_SEARCH = 40
+
+
+def start_retriever(corpus: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
+    """Build a BM25 index of `corpus` and serve it on a free loopback port."""
+    index = workdir / "bm25"
+    build = [sys.executable, "-m", "retriever_server", "build", "--kind", "bm25", "--corpus", str(corpus)]
+    subprocess.run([*build, "--out", str(index)], check=True, cwd=REPO, capture_output=True)
+    port_file = workdir / "port"
+    serve = [sys.executable, "-m", "retriever_server", "serve", "--index", str(index), "--port", "0"]
+    process = subprocess.Popen([*serve, "--port-file", str(port_file)], cwd=REPO, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if port_file.exists() and port_file.read_text().strip():
+            url = f"http://127.0.0.1:{port_file.read_text().strip()}"
+            try:
+                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
+                    return process, url
+            except httpx.HTTPError:
+                pass
+        time.sleep(0.1)
+    process.terminate()
+    raise RuntimeError("the retriever did not start within 60 s")
+
+
+def load_questions(data_dir: Path, count: int) -> tuple[list[dict], dict[str, str]]:
+    """The first `count` multi-hop questions and the corpus passages (id -> text)."""
+    with (data_dir / "qa_multihop.jsonl").open() as f:
+        questions = [json.loads(line) for _, line in zip(range(count), f, strict=False)]
+    wanted = {pid for q in questions for pid in q["supporting_ids"]}
+    passages = {}
+    with (data_dir / "corpus.jsonl").open() as f:
+        for line in f:
+            row = json.loads(line)
+            if row["id"] in wanted:
+                passages[row["id"]] = row["contents"].split("\n", 1)[1]
+    return questions, passages
+
+
+def script(agent: str, question: dict, passages: dict[str, str], turns: int) -> list[str]:
+    """The policy's texts for a `turns`-turn trajectory of `agent` on `question`."""
+    facts = " ".join(passages[pid] for pid in question["supporting_ids"]).split()
+    queries = [*question["supporting_titles"], question["question"]]
+    answer = question["golden_answers"][0]
+    texts = []
+    for turn in range(turns - 1):
+        query = queries[turn % len(queries)]
+        notes = " ".join(facts[: NOTE_WORDS_PER_SEARCH * (turn + 1)])
+        thought = f"I still miss a fact about {query}; the passages so far point there, so search it."
+        if agent == "memsearcher":
+            call = json.dumps({"name": "wikipedia_search", "arguments": {"query": query}})
+            texts += [f"<think>{thought}</think>\n<tool_call>{call}</tool_call>", f"<memory>{notes}</memory>"]
+        elif agent == "mem1":
+            texts.append(f"<IS>{notes} {thought}</IS><search>{query}</search>")
+        else:
+            texts.append(f"<think>{thought}</think><search>{query}</search>")
+    final_thought = "The evidence answers the question."
+    if agent == "memsearcher":
+        texts.append(f"<think>{final_thought}</think>\n\\boxed{{{answer}}}<|im_end|>")
+    elif agent == "mem1":
+        texts.append(f"<IS>{' '.join(facts[: NOTE_WORDS_PER_SEARCH * turns])}</IS><answer>{answer}</answer>")
+    else:
+        texts.append(f"<think>{final_thought}</think><answer>{answer}</answer>")
+    return texts
+
+
+def turn_contexts(agent: str, calls: list[dict], turns: int) -> list[int]:
+    """Context length at the end of each turn: prompt + generated tokens of the turn's last call."""
+    ends = [2 * t + 1 for t in range(turns - 1)] + [2 * (turns - 1)] if agent == "memsearcher" else list(range(turns))
+    return [len(calls[i]["prompt_ids"]) + len(calls[i]["token_ids"]) for i in ends]
+
+
+def cached_prefill(calls: list[dict]) -> int:
+    """Prefill with a prefix cache of the trajectory's earlier requests (vLLM's automatic prefix caching)."""
+    seen: list[list[int]] = []
+    total = 0
+    for call in calls:
+        prompt = call["prompt_ids"]
+        hit = max((_common_prefix(prompt, earlier) for earlier in seen), default=0)
+        total += len(prompt) - hit
+        seen.append(prompt + call["token_ids"])
+    return total
+
+
+def _common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b, strict=False):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+async def run_trajectory(agent, question, passages, turns, config, tokenizer, url, hf_model_type, topk) -> dict:
+    policy = ScriptedPolicy(tokenizer, script(agent, question, passages, turns))
+    cap = {} if agent == "react" else {"context_max_tokens": MEMORY_CONTEXT_CAP}
+    loop = instantiate_agent_loop(
+        agent,
+        config,
+        policy,
+        tokenizer,
+        hf_model_type,
+        max_turns=turns,
+        retriever_urls=url,
+        topk=topk,
+        **SETTINGS,
+        **cap,
+    )
+    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+    row = {"raw_prompt": [{"role": "user", "content": question["question"]}], "extra_info": {}}
+    outputs = await loop.run(sampling, **row)
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    finish = outputs[-1].extra_fields["finish_reason"]
+    if finish != "answer" or any(o.extra_fields["retriever_errors"] for o in outputs):
+        raise RuntimeError(f"{agent} T={turns}: the scripted trajectory ended with {finish!r}")
+    per_turn = turn_contexts(agent, policy.calls, turns)
+    return {
+        "per_turn": per_turn,
+        "peak": max(per_turn),
+        "prefill": sum(len(call["prompt_ids"]) for call in policy.calls),
+        "cached_prefill": cached_prefill(policy.calls),
+        "samples": len(outputs),
+    }
+
+
+def _model_type(path: str) -> str | None:
+    """`model_type` of the config next to the tokenizer (picks verl's Continuous Token builder), if any."""
+    config = Path(path) / "config.json"
+    return json.loads(config.read_text()).get("model_type") if config.exists() else None
+
+
+def plot(results: dict, path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 4))
+    turns = range(1, MAX_TURNS + 1)
+    for agent in AGENTS:
+        left.plot(turns, results[agent][MAX_TURNS]["per_turn"], marker="o", label=agent)
+        right.plot(turns, [results[agent][t]["prefill"] for t in turns], marker="o", label=agent)
+    left.set(xlabel="turn of a 10-turn trajectory", ylabel="context tokens", title="Context length per turn")
+    right.set(xlabel="turns in the trajectory", ylabel="tokens", title="Total prefill tokens per trajectory")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
+        axis.legend()
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+
+
+def mean_of(runs: list[dict]) -> dict:
+    return {
+        "per_turn": [round(statistics.mean(values)) for values in zip(*(r["per_turn"] for r in runs), strict=True)],
+        "peak": round(statistics.mean(r["peak"] for r in runs)),
+        "prefill": round(statistics.mean(r["prefill"] for r in runs)),
+        "cached_prefill": round(statistics.mean(r["cached_prefill"] for r in runs)),
+        "samples": runs[0]["samples"],
+    }
+
+
+async def measure(questions, passages, tokenizer, url, hf_model_type, topk) -> dict:
+    config = verl_trainer_config(prompt_length=32768, response_length=32768)
+    results = {agent: {} for agent in AGENTS}
+    for agent in AGENTS:
+        for turns in range(1, MAX_TURNS + 1):
+            runs = [
+                await run_trajectory(agent, q, passages, turns, config, tokenizer, url, hf_model_type, topk)
+                for q in questions
+            ]
+            results[agent][turns] = mean_of(runs)
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=5, help="multi-hop questions averaged over")
+    parser.add_argument("--topk", type=int, default=3, help="documents per search (Search-R1: 3, MemSearcher: 5)")
+    parser.add_argument("--tokenizer", help="tokenizer directory with a chat template (default: the tiny BPE)")
+    parser.add_argument("--plot", help="PNG path (default: a temporary directory)")
+    args = parser.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        if args.tokenizer:
+            tokenizer_name = args.tokenizer
+        else:
+            from verl_memagent.tiny_model import build_tokenizer
+
+            tokenizer_name = str(workdir / "tokenizer")
+            build_tokenizer().save_pretrained(tokenizer_name)
+        tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
+        hf_model_type = _model_type(tokenizer_name) if args.tokenizer else "qwen2"
+        questions, passages = load_questions(REPO / "data", args.questions)
+        process, url = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
+        try:
+            results = asyncio.run(measure(questions, passages, tokenizer, url, hf_model_type, args.topk))
+        finally:
+            process.terminate()
+            process.wait()
+        plot_path = Path(args.plot) if args.plot else Path(tempfile.mkdtemp()) / "context_tokens.png"
+        plot(results, plot_path)
+
+    print(f"{'agent':<12} {'T':>3} {'peak ctx':>9} {'prefill':>9} {'cached':>8} {'samples':>8}   context per turn")
+    for agent in AGENTS:
+        for turns, r in results[agent].items():
+            row = f"{agent:<12} {turns:>3} {r['peak']:>9} {r['prefill']:>9} {r['cached_prefill']:>8} {r['samples']:>8}"
+            print(f"{row}   {r['per_turn']}")
+    print(f"plot: {plot_path}")
+
+    t10 = {agent: results[agent][MAX_TURNS] for agent in AGENTS}
+    peaks = {agent: max(r["peak"] for r in results[agent].values()) for agent in AGENTS}
+    headline = {
+        "tokenizer": "tiny BPE (verl_memagent.tiny_model)" if not args.tokenizer else args.tokenizer,
+        "questions": len(questions),
+        "prefill_ratio_react_over_memsearcher_t10": round(t10["react"]["prefill"] / t10["memsearcher"]["prefill"], 2),
+        "prefill_ratio_react_over_mem1_t10": round(t10["react"]["prefill"] / t10["mem1"]["prefill"], 2),
+        "memsearcher_peak_context": peaks["memsearcher"],
+        "mem1_peak_context": peaks["mem1"],
+        "memsearcher_peak_context_t2": results["memsearcher"][2]["peak"],
+        "mem1_peak_context_t2": results["mem1"][2]["peak"],
+        "react_peak_context_t10": t10["react"]["peak"],
+        "memory_agents_context_cap": MEMORY_CONTEXT_CAP,
+        "react_total_prefill_t10": t10["react"]["prefill"],
+        "memsearcher_total_prefill_t10": t10["memsearcher"]["prefill"],
+        "mem1_total_prefill_t10": t10["mem1"]["prefill"],
+    }
+    for agent in ("memsearcher", "mem1"):
+        headline[f"cached_prefill_ratio_react_over_{agent}_t10"] = round(
+            t10["react"]["cached_prefill"] / t10[agent]["cached_prefill"], 2
+        )
+        headline[f"peak_ratio_react_t10_over_{agent}"] = round(t10["react"]["peak"] / peaks[agent], 2)
+    headline["memory_peaks_within_cap"] = max(peaks["memsearcher"], peaks["mem1"]) <= MEMORY_CONTEXT_CAP
+    headline["prefill_3x_memsearcher_t10"] = headline["prefill_ratio_react_over_memsearcher_t10"] >= 3.0
+    headline["prefill_3x_mem1_t10"] = headline["prefill_ratio_react_over_mem1_t10"] >= 3.0
+    print(json.dumps(headline))
+    return headline
+
+
+if __name__ == "__main__":
+    main()
