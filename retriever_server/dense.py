@@ -80,7 +80,7 @@ class TorchIndex:
         self._shards = []
         for device, start, stop in zip(devices, bounds[:-1], bounds[1:], strict=True):
             dtype = torch.float16 if device.type == "cuda" else torch.float32
-            shard = torch.from_numpy(np.ascontiguousarray(matrix[start:stop], dtype=np.float32))
+            shard = torch.from_numpy(np.array(matrix[start:stop], dtype=np.float32))  # a copy: off disk
             self._shards.append((int(start), shard.to(device=device, dtype=dtype)))
 
     @torch.inference_mode()
