@@ -90,17 +90,32 @@ def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str
     return merged
 
 
+#: per-call template variables, with sample values for the check at construction
+TEMPLATE_VARIABLES = {"question": "q", "memory": "m", "documents": "d", "turns_left": 2, "last_turn": False}
+
+
 class Prompts:
-    """The agent's templates compiled once; `render(name, **variables)` fills one in."""
+    """The agent's templates compiled once; `render(name, **variables)` fills one in.
+
+    Every template is rendered once at construction, so a typo or an unknown variable fails there,
+    naming the template, instead of in the middle of a rollout.
+    """
 
     def __init__(self, settings: AgentSettings):
         env = jinja2.Environment(undefined=jinja2.StrictUndefined, keep_trailing_newline=True, autoescape=False)
-        self._templates = {name: env.from_string(text) for name, text in settings.prompts.items()}
         self._constants = {
             "tags": settings.tags,
             "tool_name": settings.tool_name,
             "memory_max_tokens": settings.memory_max_tokens,
         }
+        self._templates = {}
+        for name, text in settings.prompts.items():
+            try:
+                self._templates[name] = env.from_string(text)
+                self.render(name, **TEMPLATE_VARIABLES)
+            except jinja2.TemplateError as exc:
+                known = sorted([*self._constants, *TEMPLATE_VARIABLES])
+                raise ValueError(f"prompts.{name}: {exc}; templates may use {known}") from exc
 
     def render(self, name: str, **variables: Any) -> str:
         return self._templates[name].render(**self._constants, **variables)

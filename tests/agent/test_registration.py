@@ -1,0 +1,69 @@
+"""The agents as verl finds them: registry names after `import verl`, the shipped agent-loop YAML, overrides."""
+
+import asyncio
+
+import hydra
+import pytest
+from omegaconf import OmegaConf
+
+from verl_memagent.agent import AGENT_LOOPS_YAML, ScriptedPolicy
+
+
+def test_import_verl_registers_the_three_agents():
+    import verl  # noqa: F401  (loads the plugin through the verl.plugins entry point)
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    assert _agent_loop_registry["memsearcher"]["_target_"].endswith("MemSearcherAgentLoop")
+    assert _agent_loop_registry["mem1"]["_target_"].endswith("Mem1AgentLoop")
+    assert _agent_loop_registry["react"]["_target_"].endswith("ReactAgentLoop")
+
+
+def test_shipped_yaml_is_what_verls_worker_loads(monkeypatch, trainer_config, tokenizer):
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+    from verl.utils.import_utils import resolve_config_path
+
+    monkeypatch.setenv("MEMAGENT_RETRIEVER_URL", "http://127.0.0.1:9/,http://127.0.0.1:10/")
+    entries = OmegaConf.load(resolve_config_path(str(AGENT_LOOPS_YAML)))
+    assert [e.name for e in entries] == ["memsearcher", "mem1", "react"]
+
+    async def build(entry):
+        return hydra.utils.instantiate(
+            config=entry,
+            trainer_config=DictConfigWrap(config=trainer_config),
+            server_manager=ScriptedPolicy(tokenizer, []),
+            tokenizer=tokenizer,
+            processor=None,
+            hf_model_type="qwen2",
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(trainer_config.data),
+            tools=ToolListWrap([]),
+        )
+
+    for entry in entries:
+        loop = asyncio.run(build(entry))
+        assert loop.settings.retriever_urls == ["http://127.0.0.1:9/", "http://127.0.0.1:10/"]
+        assert loop.context_cap == 4096 + 2048  # verl's rollout prompt_length + response_length
+    assert loop.settings.max_turns == 5 and loop.settings.topk == 3
+
+
+async def test_tags_and_prompts_are_configurable(run_agent, tokenizer):
+    policy = ScriptedPolicy(tokenizer, ["<state>s</state><ask>Leer</ask>", "<state>t</state><final>Leda</final>"])
+    outputs = await run_agent(
+        "mem1",
+        policy,
+        tags={"state": "state", "search": "ask", "answer": "final"},
+        prompts={"user": "Q: {{ question }} (state in <{{ tags.state }}>)"},
+    )
+    assert outputs[-1].extra_fields["finish_reason"] == "answer"
+    assert policy.calls[0]["sampling_params"]["stop"] == ["</ask>", "</final>"]
+    assert "(state in <state>)" in tokenizer.decode(outputs[0].prompt_ids)
+
+
+async def test_bad_settings_fail_at_construction(run_agent, tokenizer):
+    with pytest.raises(Exception, match="memory_overflow"):
+        await run_agent("memsearcher", ScriptedPolicy(tokenizer, []), memory_overflow="drop")
+    with pytest.raises(Exception, match="topk"):
+        await run_agent("react", ScriptedPolicy(tokenizer, []), topk=0)
+    with pytest.raises(Exception, match="prompts.user: .*questoin"):
+        await run_agent("react", ScriptedPolicy(tokenizer, []), prompts={"user": "{{ questoin }}"})
