@@ -41,9 +41,10 @@ class Mem1AgentLoop(SearchAgentLoop):
         messages = [{"role": "user", "content": self.prompts.render("user", question=question)}]
         base_ids = await self.ct_build_initial_tokens(messages)
         carried: list[int] = []
+        carried_state_tokens = 0
         max_turns, tags = self.settings.max_turns, self.tags
         for turn in range(max_turns):
-            context = Context(prompt_ids=base_ids + carried)
+            context = Context(prompt_ids=base_ids + carried, memory_tokens=carried_state_tokens)
             trajectory.contexts.append(context)
             generation = await self.generate(context, sampling_params)
             if generation is None:
@@ -54,7 +55,7 @@ class Mem1AgentLoop(SearchAgentLoop):
             state, reason = self.state_of(generation.text)
             if state is None:
                 return trajectory.finish(reason)
-            state, context.memory_tokens, truncated = self.truncate(state, self.settings.memory_max_tokens)
+            state, carried_state_tokens, truncated = self.truncate(state, self.settings.memory_max_tokens)
             context.memory_truncated = truncated
             if truncated and self.settings.memory_overflow == "penalty":
                 return trajectory.finish("memory_overflow", penalised=True)

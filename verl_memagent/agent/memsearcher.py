@@ -50,8 +50,8 @@ class MemSearcherAgentLoop(SearchAgentLoop):
                 "user", question=question, memory=memory, turns_left=max_turns - turn, last_turn=last_turn
             )
             messages = [{"role": "system", "content": self.prompts.render("system")}, {"role": "user", "content": user}]
-            context = Context(prompt_ids=await self.ct_build_initial_tokens(messages, tools=tools))
-            context.memory_tokens = len(self.encode(memory))
+            prompt_ids = await self.ct_build_initial_tokens(messages, tools=tools)
+            context = Context(prompt_ids=prompt_ids, memory_tokens=len(self.encode(memory)))
             trajectory.contexts.append(context)
 
             action_gen = await self.generate(context, sampling_params)
