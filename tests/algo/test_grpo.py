@@ -114,7 +114,10 @@ def test_malformed_sample_key_is_rejected():
     with pytest.raises(ValueError, match="uid.*session_id.*index"):
         TrajectoryLayout.from_keys(["nokey"], [False])
     with pytest.raises(ValueError, match="same turn"):
-        TrajectoryLayout.from_ids(["t", "t"], [0, 0], ["u", "u"], [True, True])
+        TrajectoryLayout.from_keys(["u_0_1", "u_0_1"], [False, False])
+    with pytest.raises(ValueError, match="'u_x_0'"):
+        TrajectoryLayout.from_keys(["u_0_0", "u_x_0"], [False, False])
+    assert TrajectoryLayout.from_keys(["u_0_0", "free form"], [False, True]).num_trajectories == 1
 
 
 def _verl_builtin(keys, mask, scores, norm_by_std=True):

@@ -13,6 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
+import pandas as pd
+import pyarrow as pa
+import pyarrow.compute as pc
 import torch
 
 
@@ -39,54 +42,44 @@ class TrajectoryLayout:
         return int(self.group.max()) + 1 if self.group.numel() else 0
 
     @classmethod
-    def from_ids(
-        cls,
-        trajectory_ids: Sequence,
-        turns: Sequence[int],
-        group_ids: Sequence,
-        valid: Sequence[bool],
-    ) -> TrajectoryLayout:
-        """Build a layout from per-row hashable ids (strings); padding rows' ids are ignored."""
-        valid_np = np.asarray(valid, dtype=bool)
-        rows = valid_np.size
-        if not (len(trajectory_ids) == len(turns) == len(group_ids) == rows):
-            raise ValueError("trajectory_ids, turns, group_ids and valid must have one entry per row")
-        trajectory = np.zeros(rows, dtype=np.int64)
-        names = np.asarray(trajectory_ids, dtype=object)[valid_np].astype(str)
-        traj_names, inverse = np.unique(names, return_inverse=True)
-        trajectory[valid_np] = inverse
-        trajectory[~valid_np] = traj_names.size
-        # one group per trajectory: the group of any of its rows (checked to agree below)
-        row_groups = np.unique(np.asarray(group_ids, dtype=object)[valid_np].astype(str), return_inverse=True)[1]
-        group = np.zeros(traj_names.size, dtype=np.int64)
-        group[inverse] = row_groups
-        if not np.array_equal(group[inverse], row_groups):
-            raise ValueError("rows of one trajectory belong to different prompt groups")
-        turn = np.where(valid_np, np.asarray(turns, dtype=np.int64), 0)
-        pairs = trajectory[valid_np] * (turn.max(initial=0) + 1) + turn[valid_np]
-        if np.unique(pairs).size != pairs.size:
-            raise ValueError("two rows claim the same turn of the same trajectory")
+    def from_keys(cls, keys: Sequence[str], is_padding: Sequence[bool]) -> TrajectoryLayout:
+        """Parse verl's V1 sample keys `{uid}_{session_id}_{index}`: trajectory `{uid}_{session_id}`,
+        turn `index` (the position of the output in the list the agent loop returned), group `uid`.
+        Parsed with Arrow's vectorised string kernels; padding rows' keys are not interpreted."""
+        valid = ~np.asarray(is_padding, dtype=bool)
+        if valid.size != len(keys):
+            raise ValueError("keys and is_padding must have one entry per row")
+        parts = pc.split_pattern(pa.array(keys, type=pa.string()), "_", max_splits=2, reverse=True).filter(valid)
+        try:
+            if len(parts) and pc.min(pc.list_value_length(parts)).as_py() < 3:
+                raise pa.ArrowInvalid("a key with fewer than three fields")
+            session = np.asarray(pc.cast(pc.list_element(parts, 1), pa.int64()))
+            turn_valid = np.asarray(pc.cast(pc.list_element(parts, 2), pa.int64()))
+        except pa.ArrowInvalid:
+            bad = next(k for k, v in zip(keys, valid, strict=True) if v and not _is_sample_key(k))
+            raise ValueError(f"sample key {bad!r} is not verl's `{{uid}}_{{session_id}}_{{index}}`") from None
+        group_of_row = np.asarray(pc.dictionary_encode(pc.list_element(parts, 0)).indices, dtype=np.int64)
+        codes = group_of_row * (session.max(initial=0) + 1) + session
+        trajectory_valid, names = pd.factorize(codes)  # hash-based: no sort
+        trajectory = np.full(valid.size, names.size, dtype=np.int64)
+        trajectory[valid] = trajectory_valid
+        turn = np.zeros(valid.size, dtype=np.int64)
+        turn[valid] = turn_valid
+        group = np.zeros(names.size, dtype=np.int64)
+        group[trajectory_valid] = group_of_row
+        if turn_valid.size and np.bincount(trajectory_valid * (turn_valid.max() + 1) + turn_valid).max() > 1:
+            raise ValueError("two rows claim the same turn of the same trajectory (duplicate sample keys)")
         return cls(
             trajectory=torch.from_numpy(trajectory),
             turn=torch.from_numpy(turn),
             group=torch.from_numpy(group),
-            valid=torch.from_numpy(valid_np),
+            valid=torch.from_numpy(valid),
         )
 
-    @classmethod
-    def from_keys(cls, keys: Sequence[str], is_padding: Sequence[bool]) -> TrajectoryLayout:
-        """Parse verl's V1 sample keys `{uid}_{session_id}_{index}`: trajectory `{uid}_{session_id}`,
-        turn `index` (the position of the output in the list the agent loop returned), group `uid`."""
-        prefixes, turns, uids = [], [], []
-        for key in keys:
-            prefix, _, index = key.rpartition("_")
-            uid = prefix.rpartition("_")[0]
-            if not uid or not index.isdigit():
-                raise ValueError(f"sample key {key!r} is not verl's `{{uid}}_{{session_id}}_{{index}}`")
-            prefixes.append(prefix)
-            turns.append(int(index))
-            uids.append(uid)
-        return cls.from_ids(prefixes, turns, uids, [not p for p in is_padding])
+
+def _is_sample_key(key: str) -> bool:
+    parts = key.rsplit("_", 2)
+    return len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit()
 
 
 @dataclass(frozen=True)
@@ -136,31 +129,46 @@ def multi_context_grpo(
     token_level_rewards: torch.Tensor,
     response_mask: torch.Tensor,
     layout: TrajectoryLayout,
+    **options,
+) -> Advantages:
+    """GRPO with one advantage per trajectory, broadcast to every generated token of all its turns.
+
+    Options as in `grpo_row_advantages`; with the defaults this reproduces verl's built-in
+    multi-trajectory `grpo` (trainer/ppo/v1/utils.py).
+    """
+    if response_mask.shape != token_level_rewards.shape:
+        raise ValueError("token_level_rewards and response_mask must have the same shape")
+    per_row, metrics = grpo_row_advantages(token_level_rewards, layout, **options)
+    advantages = response_mask.to(per_row.dtype, copy=True).mul_(per_row.unsqueeze(-1))
+    return Advantages(advantages=advantages, returns=advantages, metrics=metrics)
+
+
+def grpo_row_advantages(
+    token_level_rewards: torch.Tensor,
+    layout: TrajectoryLayout,
     *,
     norm_by_std: bool = True,
     epsilon: float = 1e-6,
     weight_trajectories: bool = False,
     drop_zero_variance: bool = False,
     turn_discount: float = 1.0,
-) -> Advantages:
-    """GRPO with one advantage per trajectory, broadcast to every generated token of all its turns.
+) -> tuple[torch.Tensor, dict[str, float]]:
+    """Each row's GRPO advantage (its trajectory's), and metrics over the valid rows.
 
     A trajectory's reward is the summed token rewards of its last turn's row (verl copies the score
     to every turn). Within a prompt group: A = (r - mean) / (std + epsilon), std unbiased; a group of
-    one trajectory gets mean 0 and std 1. Defaults reproduce verl's built-in multi-trajectory `grpo`.
+    one trajectory gets mean 0 and std 1, as in verl's `compute_grpo_outcome_advantage`.
 
     - `weight_trajectories`: scale trajectory j's advantage by mean_turns / turns_j, so a trajectory's
       summed per-row weight is the same whatever its number of turns (exact with
       `loss_agg_mode=seq-mean-token-mean`; see docs/estimators.md).
     - `drop_zero_variance`: groups whose rewards are all equal get exactly zero advantage and are
-      counted in `multi_context/zero_variance_groups`.
+      counted in `multi_context/zero_variance_groups` and `multi_context/dropped_trajectories`.
     - `turn_discount` (gamma): turn t of T (final turn t = T) is scaled by gamma^(T - t).
     """
-    if response_mask.shape != token_level_rewards.shape:
-        raise ValueError("token_level_rewards and response_mask must have the same shape")
     num_traj, num_groups = layout.num_trajectories, layout.num_groups
     final = _final_rows(layout)
-    reward = token_level_rewards.index_select(0, final).sum(-1)
+    reward = token_level_rewards.sum(-1)[final]  # summing every row beats gathering the final ones first
     _check_finite("multi_context_grpo", reward, "trajectory rewards")
 
     group = layout.group
@@ -192,11 +200,10 @@ def multi_context_grpo(
         last_turn[layout.trajectory[final]] = layout.turn[final]
         per_row = per_row * turn_discount ** (last_turn[layout.trajectory] - layout.turn).to(per_row.dtype)
 
-    advantages = per_row.unsqueeze(-1) * response_mask
     metrics = _layout_metrics(layout)
     metrics["multi_context/zero_variance_groups"] = zero_variance.float().mean().item() if num_groups else 0.0
     metrics["multi_context/dropped_trajectories"] = float(zero_variance[group].sum()) if drop_zero_variance else 0.0
-    return Advantages(advantages=advantages, returns=advantages, metrics=metrics)
+    return per_row, metrics
 
 
 def _masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
