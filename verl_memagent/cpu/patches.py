@@ -64,6 +64,24 @@ def _unpinned_cpu_offload(transformer_impl: ModuleType) -> None:
     transformer_impl.CPUOffloadPolicy = unpinned_cpu_offload_policy
 
 
+def _sdpa_value_model(model: ModuleType) -> None:
+    # The critic's value model is loaded with a hard-coded attn_implementation="flash_attention_2"
+    # (no config can change it); flash-attention needs CUDA. Loads the same token-classification head
+    # with sdpa. (verl's fallback, trl's value-head wrapper for models without one, is not offered.)
+    from transformers import AutoModelForTokenClassification
+
+    def load_valuehead_model(local_path, torch_dtype, model_config, trust_remote_code):
+        return AutoModelForTokenClassification.from_pretrained(
+            local_path,
+            dtype=torch_dtype,
+            config=model_config,
+            attn_implementation="sdpa",
+            trust_remote_code=trust_remote_code,
+        )
+
+    model.load_valuehead_model = load_valuehead_model
+
+
 def ray_cpus_needed(transfer_queue_conf) -> tuple[int, str]:
     """Logical CPUs a CPU run of the V1 trainer holds in Ray, and how that number is made up."""
     from verl.single_controller.ray.base import ResourcePoolManager
@@ -140,6 +158,13 @@ PATCHES: tuple[Patch, ...] = (
         "verl/workers/engine/fsdp/transformer_impl.py:462",
         "offload_policy = CPUOffloadPolicy(pin_memory=True)",
         _unpinned_cpu_offload,
+    ),
+    Patch(
+        "verl.utils.model",
+        "verl/utils/model.py:649",
+        'attn_implementation="flash_attention_2",\n            trust_remote_code=trust_remote_code,\n'
+        "        )\n        return model",
+        _sdpa_value_model,
     ),
     Patch(
         "transfer_queue",
