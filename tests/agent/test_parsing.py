@@ -1,6 +1,8 @@
 """Every malformed action maps to one documented reason; well-formed ones to their content."""
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from verl_memagent.agent.parsing import Action, parse_memory, parse_tag_action, parse_tool_call_action
 
@@ -60,3 +62,22 @@ def test_memory_parsing():
     assert parse_memory("<memory> Leda is a river </memory>") == ("Leda is a river", True)
     assert parse_memory("<memory> cut off mid") == ("cut off mid", False)
     assert parse_memory("no tag here") == (None, False)
+
+
+REASONS = {"no_action", "unclosed_tag", "search_and_answer", "empty_query", "empty_answer", "bad_tool_call"}
+PIECES = st.sampled_from(
+    ["<search>", "</search>", "<answer>", "</answer>", "<tool_call>", "</tool_call>", "\\boxed{", "}", "{", '"', ":"]
+    + ['{"name": "wikipedia_search", "arguments": {"query": ', '"Leda"', " ", "x", "<think>", "</think>", "\n"]
+)
+
+
+@given(st.lists(st.one_of(PIECES, st.text(max_size=8)), max_size=20).map("".join))
+@settings(max_examples=300, deadline=None)
+def test_any_text_maps_to_one_defined_action(text):
+    for action in (parse_tag_action(text), parse_tool_call_action(text, "wikipedia_search")):
+        if action.kind == "invalid":
+            assert action.reason in REASONS
+        elif action.kind == "search":
+            assert action.query and action.query == action.query.strip()
+        else:
+            assert action.kind == "answer" and action.answer

@@ -5,6 +5,8 @@ import socket
 
 import pytest
 from agent_helpers import assert_model_saw_exactly
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from verl_memagent.agent import ScriptedPolicy
 from verl_memagent.agent.turns import SEARCH_FAILED
@@ -116,3 +118,45 @@ def test_unknown_setting_is_named(trainer_config, tokenizer):
 
     with pytest.raises(Exception, match="max_turn"):
         asyncio.run(build())
+
+
+FRAGMENTS = [
+    "<think>",
+    "</think>",
+    "<tool_call>",
+    "</tool_call>",
+    '{"name": "wikipedia_search", "arguments": {"query": "Leda"}}',
+    "<memory>",
+    "</memory>",
+    "\\boxed{",
+    "}",
+    "<IS>",
+    "</IS>",
+    "<search>",
+    "</search>",
+    "<answer>",
+    "</answer>",
+    "Leda",
+    " ",
+    EOS,
+]
+
+
+@given(
+    agent=st.sampled_from(["memsearcher", "mem1", "react"]),
+    texts=st.lists(st.lists(st.sampled_from(FRAGMENTS), max_size=12).map("".join), min_size=8, max_size=8),
+)
+@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+async def test_random_outputs_never_escape_run(run_agent, tokenizer, agent, texts):
+    policy = ScriptedPolicy(tokenizer, texts)
+    outputs = await run_agent(agent, policy, max_turns=3, max_new_tokens=48)
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    assert outputs[-1].extra_fields["finish_reason"]
+    assert_model_saw_exactly(outputs, policy.calls)
+
+
+async def test_empty_generation_still_gives_verl_a_response_token(run_agent, tokenizer):
+    output = await run_agent("react", ScriptedPolicy(tokenizer, [""]))
+    assert output.extra_fields["finish_reason"] == "no_action"
+    assert output.response_ids == [tokenizer.convert_tokens_to_ids("<|im_end|>")] and output.response_mask == [0]
+    assert output.as_dict()["responses"].shape == (1,)  # verl's TransferQueue conversion works

@@ -239,7 +239,7 @@ class SearchAgentLoop(AgentLoopBase):
             finish = "stop"
         else:
             finish = "length" if len(ids) >= budget else "eos"
-        log_probs = list(output.log_probs) if output.log_probs else None
+        log_probs = list(output.log_probs) if output.log_probs is not None else None
         generation = Generation(ids, log_probs, text, finish)
         context.add_generated(generation)
         return generation
@@ -292,6 +292,9 @@ class SearchAgentLoop(AgentLoopBase):
     def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
         """One AgentLoopOutput per context, in turn order, all tagged with trajectory id and turn index."""
         outputs = []
+        for context in trajectory.contexts:
+            if not context.response_ids:  # the server returned no token: verl needs one position for the reward
+                context.add_inserted(list(self.turn_close_ids[-1:] or [self.tokenizer.eos_token_id]))
         final = trajectory.contexts[-1].response_ids
         final_response = self.tokenizer.decode(final, skip_special_tokens=True)
         for index, context in enumerate(trajectory.contexts):
