@@ -7,9 +7,11 @@ MODEL_PATH (verl's model config loads it; hub names cannot be reached here).
 
 from __future__ import annotations
 
+import os
 import shutil
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pandas as pd
@@ -95,16 +97,14 @@ def test_misspelt_yaml_key_is_named(tmp_path, prepared, tiny_model_dir):
 
 
 def _run_for_real(script: Path, **env: str) -> subprocess.CompletedProcess:
-    import os
-    import sys
-
     environment = {**os.environ, "PYTHON": sys.executable, **env}
     environment.pop("MEMAGENT_DRY_RUN", None)
     return subprocess.run(["bash", str(script)], capture_output=True, text=True, env=environment, timeout=120)
 
 
 def test_missing_data_fails_fast(tmp_path, tiny_model_dir):
-    done = _run_for_real(REPO / "recipes/react/run_qwen2.5_3b.sh", DATA_DIR=str(tmp_path), MODEL_PATH=str(tiny_model_dir))
+    script = REPO / "recipes/react/run_qwen2.5_3b.sh"
+    done = _run_for_real(script, DATA_DIR=str(tmp_path), MODEL_PATH=str(tiny_model_dir))
     assert done.returncode == 1
     assert f"data file {tmp_path}/train.parquet is missing" in done.stderr
 
