@@ -84,9 +84,6 @@ def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str
     merged = OmegaConf.to_object(OmegaConf.merge(schema, plain))
     merged.tags = {**default_tags, **merged.tags}
     merged.prompts = {**default_prompts(agent), **merged.prompts}
-    missing = sorted(set(default_prompts(agent)) - set(merged.prompts))
-    if missing:
-        raise ValueError(f"prompts: {agent} needs templates {missing}")
     return merged
 
 
