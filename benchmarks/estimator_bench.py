@@ -9,7 +9,7 @@ such pass for scale). `verl_builtin_ms` is verl's `compute_advantage_for_multi_t
 are compared. GAE: ours chained across turns, verl's per row
 (a cost baseline: verl's cannot chain turns). Last line: one JSON object.
 
-    python benchmarks/estimator_bench.py [--rows 100000] [--width 512] [--repeats 5] [--no-gae]
+    python benchmarks/estimator_bench.py [--rows 100000] [--width 512] [--repeats 5] [--no-gae] [--threads N]
 """
 
 from __future__ import annotations
@@ -70,7 +70,10 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=512)
     parser.add_argument("--repeats", type=int, default=5)
     parser.add_argument("--no-gae", action="store_true")
+    parser.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
     args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     keys, is_padding, mask, scores = make_batch(args.rows, args.width)
     layout = TrajectoryLayout.from_keys(keys, is_padding)
@@ -104,6 +107,7 @@ def main() -> None:
     )
     result = {
         "rows": len(keys),
+        "threads": torch.get_num_threads(),
         "width": args.width,
         "trajectories": layout.num_trajectories,
         "ours_ms": round(layout_ms + rows_ms, 1),

@@ -218,17 +218,23 @@ def _masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 def _row_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, gamma_lam: float):
     """GAE inside each row with nothing after it (next value 0, next advantage 0); tokens with mask 0
-    are skipped, as in verl's `compute_gae_advantage_return`. Loops over columns, not rows."""
-    advantages = torch.zeros_like(values)
-    next_value = values.new_zeros(values.shape[0])
-    last = values.new_zeros(values.shape[0])
-    for t in reversed(range(values.shape[1])):
-        keep = mask[:, t]
-        delta = rewards[:, t] + gamma * next_value - values[:, t]
-        last = torch.where(keep, delta + gamma_lam * last, last)
-        next_value = torch.where(keep, values[:, t], next_value)
-        advantages[:, t] = last
-    return advantages
+    are skipped, as in verl's `compute_gae_advantage_return`. Loops over columns, not rows, on
+    column-contiguous copies so that each step reads contiguous memory."""
+    rewards, values, mask = (x.t().contiguous() for x in (rewards, values, mask))
+    advantages = torch.empty_like(values)
+    next_value = values.new_zeros(values.shape[1])
+    last = values.new_zeros(values.shape[1])
+    for t in reversed(range(values.shape[0])):
+        delta = rewards[t] + gamma * next_value - values[t]
+        last = torch.where(mask[t], delta + gamma_lam * last, last)
+        next_value = torch.where(mask[t], values[t], next_value)
+        advantages[t] = last
+    return advantages.t()
+
+
+def _generated_from_here(mask: torch.Tensor) -> torch.Tensor:
+    """For each token, how many generated tokens lie between it (included) and the row's end."""
+    return mask.flip(-1).cumsum(-1).flip(-1)
 
 
 def multi_context_gae(
@@ -265,11 +271,10 @@ def multi_context_gae(
     _check_finite("multi_context_gae", values, "critic values")
 
     # the outcome goes to the trajectory's last generated token (in its final turn, unless that is empty)
-    generated_after = mask.flip(-1).cumsum(-1).flip(-1)  # generated tokens from here to the row's end
-    last_generated = mask & (generated_after == 1)
     target = _final_rows(layout, eligible=mask.any(-1))
+    last_generated = mask[target] & (_generated_from_here(mask[target]) == 1)
     target_outcome = outcome[layout.trajectory[target]].unsqueeze(-1)
-    rewards = dense.index_add(0, target, last_generated[target].float() * target_outcome)
+    rewards = dense.index_add(0, target, last_generated.float() * target_outcome)
 
     gamma_lam = gamma * lam
     local = _row_gae(rewards, values, mask, gamma, gamma_lam)
@@ -278,7 +283,7 @@ def multi_context_gae(
     # at its last generated token and decays by gamma*lam per generated token before it.
     rows = layout.trajectory.numel()
     generated = mask.sum(-1)
-    first_col = mask.float().argmax(-1)
+    first_col = mask.to(torch.uint8).argmax(-1)
     row_ids = torch.arange(rows)
     local_start = local[row_ids, first_col]
     value_start = values[row_ids, first_col]
@@ -309,8 +314,11 @@ def multi_context_gae(
         start_value[at] = torch.where(empty, torch.where(has_next, start_value[nxt], 0.0), value_start[at])
         bootstrap[at] = b
 
-    decay = gamma_lam ** (generated_after - 1).clamp(min=0).float()
-    advantages = (local + decay * bootstrap.unsqueeze(-1)) * mask
+    if gamma_lam == 1.0:
+        advantages = (local + bootstrap.unsqueeze(-1)) * mask
+    else:
+        decay = gamma_lam ** (_generated_from_here(mask) - 1).clamp(min=0).float()
+        advantages = (local + decay * bootstrap.unsqueeze(-1)) * mask
     returns = (advantages + values) * mask
     if whiten:
         advantages = _masked_whiten(advantages, mask)
