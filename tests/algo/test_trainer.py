@@ -2,23 +2,27 @@
 
 from __future__ import annotations
 
+import math
 import os
 
 import numpy as np
 import pytest
 import torch
 import verl
+from algo_batches import verl_gae_on_one_sequence
 from hydra import compose, initialize_config_dir
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
+from verl.trainer.ppo.core_algos import FixedKLController
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.v1 import get_trainer_cls
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
 from verl_memagent.algo.estimators import TrajectoryLayout
 from verl_memagent.algo.register import MultiContextConfig
-from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids
+from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids, compute_multi_context_advantages
 
 
 def verl_config(*overrides: str):
@@ -119,3 +123,53 @@ def test_agent_ids_must_agree_with_verls_keys():
     merged = [good[0], good[1], {"trajectory_id": "x", "turn_index": 0}, good[3]]
     with pytest.raises(ValueError, match="trajectory_id"):
         check_agent_ids(layout, merged)
+
+
+def test_critic_mini_batches_are_fixed_too():
+    trainer = MultiContextTrainerSync(
+        verl_config(
+            *BASE,
+            "algorithm.adv_estimator=multi_context_gae",
+            "critic.enable=true",
+            "critic.ppo_mini_batch_size=2",
+            "critic.ppo_micro_batch_size_per_gpu=1",
+        )
+    )
+    # actor: 8 / 4 = 2 steps of lcm(n=2, dp=2) samples; critic: 8 / 2 = 4 steps of 2 samples
+    assert trainer._get_required_batch_multiple(dp_size=2) == math.lcm(2 * 2, 4 * 2)
+
+
+def test_in_reward_kl_reaches_gae_as_per_token_reward():
+    """`compute_multi_context_advantages` on fields shaped as TransferQueue returns them, with
+    verl's in-reward KL: the penalty stays on each generated token, the outcome at the end."""
+    config = verl_config(
+        *BASE, "algorithm.adv_estimator=multi_context_gae", "algorithm.use_kl_in_reward=true", "critic.enable=true"
+    )
+    masks = [[1, 1, 0, 1], [1, 1]]
+    gen = torch.Generator().manual_seed(0)
+    rows = []
+    for turn, mask in enumerate(masks):
+        score = torch.zeros(len(mask))
+        score[-1] = 1.0  # verl's copy of the trajectory's score, in every turn
+        rows.append(
+            {
+                "response_mask": torch.tensor(mask),
+                "rm_scores": score,
+                "old_log_probs": -torch.rand(len(mask), generator=gen),
+                "ref_log_prob": -torch.rand(len(mask), generator=gen),
+                "values": torch.randn(len(mask), generator=gen),
+                "extra_fields": {"trajectory_id": "t", "turn_index": turn},
+            }
+        )
+    data = list_of_dict_to_tensordict(rows)
+    output, metrics = compute_multi_context_advantages(
+        data, ["u_0_0", "u_0_1"], [{}, {}], config, kl_ctrl=FixedKLController(0.1)
+    )
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.1
+    kl = [(r["old_log_probs"] - r["ref_log_prob"]) * r["response_mask"] for r in rows]
+    _, expected = verl_gae_on_one_sequence(
+        [r["response_mask"] for r in rows], [r["values"] for r in rows], 1.0, 1.0, 1.0, dense=[-0.1 * k for k in kl]
+    )
+    returns = output["returns"]
+    got = torch.cat([returns[i][rows[i]["response_mask"].bool()] for i in range(2)])
+    torch.testing.assert_close(got, expected)
