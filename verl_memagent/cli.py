@@ -26,6 +26,12 @@ def _prepare(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _eval(args: argparse.Namespace) -> int:
+    from verl_memagent.eval.cli import run_cli
+
+    return run_cli(args)
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-memagent", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -46,6 +52,12 @@ def build_parser() -> argparse.ArgumentParser:
     prepare = sub.add_parser("prepare", help="FlashRAG JSON lines -> verl parquet (train mix, eval sets, MEM1 tasks)")
     add_prepare_arguments(prepare)
     prepare.set_defaults(func=_prepare)
+
+    from verl_memagent.eval.cli import add_arguments as add_eval_arguments
+
+    evaluate = sub.add_parser("eval", help="run agents over FlashRAG datasets: EM/F1/acc, trajectories, context plot")
+    add_eval_arguments(evaluate)
+    evaluate.set_defaults(func=_eval)
     return parser
 
 

@@ -1,0 +1,103 @@
+"""`verl-memagent eval`: run agents over FlashRAG datasets with the training turn logic, score and report.
+
+Each question gets its own agent loop, built by `instantiate_agent_loop` exactly as verl's
+AgentLoopWorker builds one per sample, and its real `run()`; the loop talks to a `generate()` backend
+(the in-process `HFGenerator`, or `CompletionsClient` for a vLLM/SGLang server) and to the retriever.
+Questions of all agents and datasets run concurrently, at most `concurrency` at a time.
+
+Writes to the output directory: `examples.jsonl` (one line per agent and question, in completion
+order), `summary.json` (scores per agent and dataset, context tokens per turn) and `context_tokens.png`.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop
+from verl_memagent.data.prepare import QARecord, parse_input, read_flashrag
+from verl_memagent.eval.plot import plot_context_tokens
+from verl_memagent.eval.records import example_record
+from verl_memagent.eval.report import summarise
+
+EXAMPLES_FILE, SUMMARY_FILE, PLOT_FILE = "examples.jsonl", "summary.json", "context_tokens.png"
+
+
+def load_datasets(specs: list[str], limit: int | None = None) -> dict[str, list[QARecord]]:
+    """`NAME=PATH` (or `PATH`, named by its stem) -> validated questions, the first `limit` of each."""
+    datasets = {}
+    for spec in specs:
+        name, path = parse_input(spec)
+        name = name or path.stem
+        if name in datasets:
+            raise ValueError(f"--data: dataset name {name!r} given twice; name them NAME=PATH")
+        datasets[name] = read_flashrag(path, source=name)[:limit]
+    return datasets
+
+
+async def evaluate(
+    generator,
+    tokenizer,
+    agents: list[str],
+    datasets: dict[str, list[QARecord]],
+    out_dir: str | Path,
+    *,
+    settings: dict[str, dict[str, Any]],
+    sampling_params: dict[str, Any],
+    trainer_config,
+    concurrency: int = 32,
+    hf_model_type: str | None = None,
+    agent_loops: str | Path = AGENT_LOOPS_YAML,
+) -> dict[str, Any]:
+    """Run every agent on every question, write the three outputs, return the summary."""
+    if concurrency < 1:
+        raise ValueError(f"concurrency: expected a positive integer, got {concurrency}")
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    slots = asyncio.Semaphore(concurrency)
+
+    async def run_one(agent: str, dataset: str, index: int, record: QARecord) -> dict[str, Any]:
+        async with slots:
+            loop = instantiate_agent_loop(
+                agent, trainer_config, generator, tokenizer, hf_model_type, path=agent_loops, **settings[agent]
+            )
+            row = {
+                "raw_prompt": [{"role": "user", "content": record.question}],
+                "extra_info": {"question": record.question, "id": record.id, "index": index, "split": "test"},
+                "data_source": dataset,
+                "uid": f"{dataset}-{record.id}",
+                "session_id": 0,
+            }
+            outputs = await loop.run(dict(sampling_params), **row)
+            return example_record(agent, dataset, record, outputs, tokenizer)
+
+    jobs = [
+        run_one(agent, dataset, index, record)
+        for agent in agents
+        for dataset, records in datasets.items()
+        for index, record in enumerate(records)
+    ]
+    start = time.perf_counter()
+    records = []
+    with (out_dir / EXAMPLES_FILE).open("w", encoding="utf-8") as lines:
+        for job in tqdm(asyncio.as_completed(jobs), total=len(jobs), desc="eval", unit="question"):
+            record = await job
+            lines.write(json.dumps(record) + "\n")
+            lines.flush()
+            records.append(record)
+    summary = {
+        "agents": summarise(records),
+        "datasets": {name: len(records) for name, records in datasets.items()},
+        "sampling_params": sampling_params,
+        "settings": settings,
+        "elapsed_s": time.perf_counter() - start,
+    }
+    drawn = plot_context_tokens(summary["agents"], out_dir / PLOT_FILE)
+    summary["plot"] = {"file": PLOT_FILE, "lines": drawn}
+    (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
+    return summary
