@@ -6,7 +6,7 @@ import asyncio
 from pathlib import Path
 from typing import Any
 
-from omegaconf import OmegaConf
+import yaml
 
 AGENTS = ("memsearcher", "mem1", "react")
 
@@ -20,7 +20,7 @@ def agent_settings(agents: list[str], overrides: list[str], **common: Any) -> di
             raise ValueError(f"--set {override!r}: expected KEY=VALUE or AGENT.KEY=VALUE, e.g. topk=5")
         agent, dot, rest = key.partition(".")
         targets, key = ([agent], rest) if dot and agent in AGENTS else (agents, key)
-        parsed = OmegaConf.to_container(OmegaConf.create({"v": value}))["v"] if value else value
+        parsed = yaml.safe_load(value)  # YAML values: 5, true, [a, b], null
         for target in targets:
             if target in settings:
                 settings[target][key] = parsed

@@ -1,0 +1,81 @@
+"""Scores and per-turn context tokens of `evaluate()` on known trajectories, against hand-computed values.
+
+A scripted policy plays a fixed multi-turn trajectory per agent through the real loops and the real
+BM25 retriever, so answers, searches and turn boundaries are known exactly.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from verl_memagent.agent import ScriptedPolicy, verl_trainer_config
+from verl_memagent.data.prepare import QARecord
+from verl_memagent.eval.cli import agent_settings
+from verl_memagent.eval.records import contains_answer
+from verl_memagent.eval.runner import evaluate
+
+RECORD = QARecord("q1", "What occupation was shared by David Yates and Pietro Germi?", ("director",), "multihop")
+TOOL_CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "David Yates"}}</tool_call>'
+REACT = ["<think>Yates first.</think><search>David Yates</search>", "<answer>film director</answer>"]
+MEMSEARCHER = [TOOL_CALL, "<memory>Yates directs films.</memory>", "\\boxed{Director}<|im_end|>"]
+MEM1 = ["<IS>Find Yates.</IS><search>David Yates</search>", "<IS>Both direct.</IS><answer>The director</answer>"]
+#: per agent: the script, then (em, f1, acc) of its answer against the gold "director"
+SCRIPTS = {
+    # "film director": not exact, F1 = 2 * (1/2 * 1) / (1/2 + 1) = 2/3, contains the gold
+    "react": (REACT, (0, 2 / 3, 1)),
+    "memsearcher": (MEMSEARCHER, (1, 1, 1)),
+    # articles are dropped by normalisation: "The director" is an exact match
+    "mem1": (MEM1, (1, 1, 1)),
+}
+
+
+@pytest.mark.parametrize("agent", sorted(SCRIPTS))
+async def test_scores_and_turn_tokens_of_a_known_trajectory(agent, tokenizer, eval_retriever_url, tmp_path):
+    script, (em, f1, acc) = SCRIPTS[agent]
+    policy = ScriptedPolicy(tokenizer, script)
+    settings = agent_settings([agent], [], retriever_urls=eval_retriever_url, max_turns=3, topk=2)
+    summary = await evaluate(
+        policy,
+        tokenizer,
+        [agent],
+        {"multihop": [RECORD]},
+        tmp_path,
+        settings=settings,
+        sampling_params={"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": False},
+        trainer_config=verl_trainer_config(prompt_length=4096, response_length=4096),
+        concurrency=1,
+    )
+    ends = [len(call["prompt_ids"]) + len(call["token_ids"]) for call in policy.calls]
+    # a turn's context ends with its last call: memsearcher's first turn is the search and the memory rewrite
+    turn_tokens = [ends[1], ends[2]] if agent == "memsearcher" else ends
+    result = summary["agents"][agent]
+    assert result["overall"] == {
+        "n": 1,
+        "em": em,
+        "f1": pytest.approx(f1),
+        "acc": acc,
+        "answered": 1.0,
+        "mean_turns": 2,
+        "mean_searches": 1,
+        "finish_reasons": {"answer": 1},
+    }
+    assert result["context_tokens_per_turn"] == [
+        {"turn": t + 1, "n": 1, "mean": tokens, "peak": tokens} for t, tokens in enumerate(turn_tokens)
+    ]
+    assert summary["plot"]["lines"][agent]["mean"] == turn_tokens
+
+
+def test_contains_answer_is_flashrags_acc():
+    assert contains_answer("He was the Director of films.", ["director"]) == 1.0
+    assert contains_answer("directors", ["Film Director"]) == 0.0
+    assert contains_answer(None, ["director"]) == 0.0
+
+
+def test_settings_apply_to_all_agents_or_one():
+    settings = agent_settings(
+        ["memsearcher", "react"], ["topk=5", "react.max_turns=7", "stop=[</a>]"], max_turns=3, retriever_urls=None
+    )
+    assert settings["memsearcher"] == {"max_turns": 3, "topk": 5, "stop": ["</a>"]}
+    assert settings["react"] == {"max_turns": 7, "topk": 5, "stop": ["</a>"]}
+    with pytest.raises(ValueError, match="KEY=VALUE"):
+        agent_settings(["react"], ["topk"])
