@@ -6,6 +6,8 @@ BM25 retriever, so answers, searches and turn boundaries are known exactly.
 
 from __future__ import annotations
 
+import socket
+
 import pytest
 
 from verl_memagent.agent import ScriptedPolicy, verl_trainer_config
@@ -29,22 +31,26 @@ SCRIPTS = {
 }
 
 
-@pytest.mark.parametrize("agent", sorted(SCRIPTS))
-async def test_scores_and_turn_tokens_of_a_known_trajectory(agent, tokenizer, eval_retriever_url, tmp_path):
-    script, (em, f1, acc) = SCRIPTS[agent]
-    policy = ScriptedPolicy(tokenizer, script)
-    settings = agent_settings([agent], [], retriever_urls=eval_retriever_url, max_turns=3, topk=2)
-    summary = await evaluate(
+async def evaluate_one(agent: str, policy, tokenizer, retriever_url: str, out) -> dict:
+    """`evaluate()` of one agent on RECORD, one question at a time, greedy as verl validates."""
+    return await evaluate(
         policy,
         tokenizer,
         [agent],
         {"multihop": [RECORD]},
-        tmp_path,
-        settings=settings,
-        sampling_params={"temperature": 0.0, "top_p": 1.0, "top_k": -1, "logprobs": False},
+        out,
+        settings=agent_settings([agent], [], retriever_urls=retriever_url, max_turns=3, topk=2),
+        sampling_params={"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False},
         trainer_config=verl_trainer_config(prompt_length=4096, response_length=4096),
         concurrency=1,
     )
+
+
+@pytest.mark.parametrize("agent", sorted(SCRIPTS))
+async def test_scores_and_turn_tokens_of_a_known_trajectory(agent, tokenizer, eval_retriever_url, tmp_path):
+    script, (em, f1, acc) = SCRIPTS[agent]
+    policy = ScriptedPolicy(tokenizer, script)
+    summary = await evaluate_one(agent, policy, tokenizer, eval_retriever_url, tmp_path)
     ends = [len(call["prompt_ids"]) + len(call["token_ids"]) for call in policy.calls]
     # a turn's context ends with its last call: memsearcher's first turn is the search and the memory rewrite
     turn_tokens = [ends[1], ends[2]] if agent == "memsearcher" else ends
@@ -57,12 +63,23 @@ async def test_scores_and_turn_tokens_of_a_known_trajectory(agent, tokenizer, ev
         "answered": 1.0,
         "mean_turns": 2,
         "mean_searches": 1,
+        "retriever_errors": 0,
         "finish_reasons": {"answer": 1},
     }
     assert result["context_tokens_per_turn"] == [
         {"turn": t + 1, "n": 1, "mean": tokens, "peak": tokens} for t, tokens in enumerate(turn_tokens)
     ]
     assert summary["plot"]["lines"][agent]["mean"] == turn_tokens
+
+
+async def test_a_dead_retriever_fails_before_any_question(tokenizer, tmp_path):
+    with socket.socket() as sock:  # a loopback port nobody listens on
+        sock.bind(("127.0.0.1", 0))
+        dead = f"http://127.0.0.1:{sock.getsockname()[1]}"
+    policy = ScriptedPolicy(tokenizer, REACT)
+    with pytest.raises(RuntimeError, match="no retriever answers /health.*--retriever"):
+        await evaluate_one("react", policy, tokenizer, dead, tmp_path)
+    assert policy.calls == [] and not (tmp_path / "examples.jsonl").exists()
 
 
 def test_contains_answer_is_flashrags_acc():

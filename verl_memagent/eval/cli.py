@@ -95,7 +95,15 @@ def run_cli(args) -> int:
         agents, args.set, retriever_urls=args.retriever, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens
     )
     trainer_config = verl_trainer_config(prompt_length=args.prompt_length, response_length=args.response_length)
-    sampling_params = {"temperature": args.temperature, "top_p": args.top_p, "top_k": -1, "logprobs": False}
+    sampling_params = {
+        "temperature": args.temperature,
+        "top_p": args.top_p,
+        "top_k": -1,
+        "repetition_penalty": 1.0,
+        "logprobs": False,
+    }
+    run_info = {"model": args.model, "server": args.server, "served_model": args.served_model}
+    run_info.update(tokenizer=tokenizer_path, agent_loops=str(args.agent_loops or AGENT_LOOPS_YAML))
 
     async def main() -> dict[str, Any]:
         if args.model:
@@ -117,6 +125,7 @@ def run_cli(args) -> int:
                 concurrency=args.concurrency,
                 hf_model_type=_model_type(tokenizer_path),
                 agent_loops=args.agent_loops or AGENT_LOOPS_YAML,
+                run_info=run_info,
             )
         finally:
             if isinstance(generator, CompletionsClient):

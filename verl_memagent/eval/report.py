@@ -22,6 +22,7 @@ def score_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "answered": fmean(r["prediction"] is not None for r in records),
         "mean_turns": fmean(len(r["turn_context_tokens"]) for r in records),
         "mean_searches": fmean(r["searches"] for r in records),
+        "retriever_errors": sum(c["retriever_errors"] for r in records for c in r["contexts"]),
         "finish_reasons": dict(sorted(Counter(r["finish_reason"] for r in records).items())),
     }
 

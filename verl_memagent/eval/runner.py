@@ -17,6 +17,7 @@ import time
 from pathlib import Path
 from typing import Any
 
+import httpx
 from tqdm import tqdm
 
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop
@@ -40,6 +41,25 @@ def load_datasets(specs: list[str], limit: int | None = None) -> dict[str, list[
     return datasets
 
 
+async def check_retriever(urls: list[str]) -> None:
+    """Fail before any question runs unless a retriever replica answers `/health`.
+
+    The agents turn a failed search into an observation (as in training), so a dead retriever would
+    otherwise only show up as low scores and `retriever_errors` in the summary.
+    """
+    async with httpx.AsyncClient(timeout=10) as http:
+        for url in urls:
+            try:
+                if (await http.get(f"{url.rstrip('/')}/health")).status_code == 200:
+                    return
+            except httpx.HTTPError:
+                continue
+    raise RuntimeError(
+        f"no retriever answers /health at {urls}: start one (python -m retriever_server serve --index DIR) "
+        "and pass its URL with --retriever (or set MEMAGENT_RETRIEVER_URL)"
+    )
+
+
 async def evaluate(
     generator,
     tokenizer,
@@ -53,27 +73,38 @@ async def evaluate(
     concurrency: int = 32,
     hf_model_type: str | None = None,
     agent_loops: str | Path = AGENT_LOOPS_YAML,
+    run_info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every agent on every question, write the three outputs, return the summary."""
+    """Run every agent on every question, write the three outputs, return the summary.
+
+    `sampling_params` are what verl's worker sends (temperature, top_p, top_k, repetition_penalty,
+    logprobs); `run_info` (model, server, ...) is copied into the summary as `run`.
+    """
     if concurrency < 1:
         raise ValueError(f"concurrency: expected a positive integer, got {concurrency}")
+
+    def build(agent: str):  # a fresh loop per question, as verl's worker makes one per sample
+        return instantiate_agent_loop(
+            agent, trainer_config, generator, tokenizer, hf_model_type, path=agent_loops, **settings[agent]
+        )
+
+    for agent in agents:  # bad settings or a dead retriever fail here, before any question runs
+        await check_retriever(build(agent).retriever.urls)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     slots = asyncio.Semaphore(concurrency)
 
     async def run_one(agent: str, dataset: str, index: int, record: QARecord) -> dict[str, Any]:
         async with slots:
-            loop = instantiate_agent_loop(
-                agent, trainer_config, generator, tokenizer, hf_model_type, path=agent_loops, **settings[agent]
-            )
-            row = {
+            row = {  # the dataset row as `verl-memagent prepare` writes it and verl's worker passes it
                 "raw_prompt": [{"role": "user", "content": record.question}],
                 "extra_info": {"question": record.question, "id": record.id, "index": index, "split": "test"},
+                "reward_model": {"style": "rule", "ground_truth": list(record.golden_answers)},
                 "data_source": dataset,
-                "uid": f"{dataset}-{record.id}",
-                "session_id": 0,
+                "agent_name": agent,
+                "index": index,
             }
-            outputs = await loop.run(dict(sampling_params), **row)
+            outputs = await build(agent).run(dict(sampling_params), **row)
             return example_record(agent, dataset, record, outputs, tokenizer)
 
     jobs = [
@@ -91,6 +122,7 @@ async def evaluate(
             lines.flush()
             records.append(record)
     summary = {
+        "run": run_info or {},
         "agents": summarise(records),
         "datasets": {name: len(records) for name, records in datasets.items()},
         "sampling_params": sampling_params,
