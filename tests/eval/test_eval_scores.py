@@ -6,6 +6,7 @@ BM25 retriever, so answers, searches and turn boundaries are known exactly.
 
 from __future__ import annotations
 
+import json
 import socket
 
 import pytest
@@ -14,7 +15,7 @@ from verl_memagent.agent import ScriptedPolicy, verl_trainer_config
 from verl_memagent.data.prepare import QARecord
 from verl_memagent.eval.cli import agent_settings
 from verl_memagent.eval.records import contains_answer
-from verl_memagent.eval.runner import evaluate
+from verl_memagent.eval.runner import evaluate, load_datasets
 
 RECORD = QARecord("q1", "What occupation was shared by David Yates and Pietro Germi?", ("director",), "multihop")
 TOOL_CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "David Yates"}}</tool_call>'
@@ -96,3 +97,16 @@ def test_settings_apply_to_all_agents_or_one():
     assert settings["react"] == {"max_turns": 7, "topk": 5, "stop": ["</a>"]}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         agent_settings(["react"], ["topk"])
+
+
+def test_datasets_are_named_limited_and_validated(data_dir, tmp_path):
+    path = data_dir / "qa_bamboogle.jsonl"
+    datasets = load_datasets([f"bamboo={path}", str(data_dir / "qa_multihop.jsonl")], limit=3)
+    assert {name: len(records) for name, records in datasets.items()} == {"bamboo": 3, "qa_multihop": 3}
+    assert datasets["bamboo"][0].question == json.loads(path.read_text().splitlines()[0])["question"]
+    with pytest.raises(ValueError, match="given twice"):
+        load_datasets([f"x={path}", f"x={path}"])
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{"id": "1", "question": "q?"}\n')
+    with pytest.raises(ValueError, match="bad.jsonl:1: field 'golden_answers'"):
+        load_datasets([str(bad)])
