@@ -12,12 +12,14 @@ import socket
 import pytest
 
 from verl_memagent.agent import ScriptedPolicy, verl_trainer_config
-from verl_memagent.data.prepare import QARecord
+from verl_memagent.data.compose import compose_multi_objective
+from verl_memagent.data.prepare import QARecord, to_verl_rows
 from verl_memagent.eval.cli import agent_settings
-from verl_memagent.eval.records import contains_answer
-from verl_memagent.eval.runner import evaluate, load_datasets
+from verl_memagent.eval.records import contains_answer, score
+from verl_memagent.eval.runner import evaluate
 
 RECORD = QARecord("q1", "What occupation was shared by David Yates and Pietro Germi?", ("director",), "multihop")
+RECORD2 = QARecord("q2", "In which country was Pietro Germi born?", ("Italy",), "multihop")
 TOOL_CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "David Yates"}}</tool_call>'
 REACT = ["<think>Yates first.</think><search>David Yates</search>", "<answer>film director</answer>"]
 MEMSEARCHER = [TOOL_CALL, "<memory>Yates directs films.</memory>", "\\boxed{Director}<|im_end|>"]
@@ -32,13 +34,13 @@ SCRIPTS = {
 }
 
 
-async def evaluate_one(agent: str, policy, tokenizer, retriever_url: str, out) -> dict:
-    """`evaluate()` of one agent on RECORD, one question at a time, greedy as verl validates."""
+async def evaluate_one(agent: str, policy, tokenizer, retriever_url: str, out, row: dict | None = None) -> dict:
+    """`evaluate()` of one agent on one row (default: RECORD's), greedy as verl validates."""
     return await evaluate(
         policy,
         tokenizer,
         [agent],
-        {"multihop": [RECORD]},
+        {"multihop": [row or to_verl_rows([RECORD], agent, "test")[0]]},
         out,
         settings=agent_settings([agent], [], retriever_urls=retriever_url, max_turns=3, topk=2),
         sampling_params={"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False},
@@ -59,18 +61,71 @@ async def test_scores_and_turn_tokens_of_a_known_trajectory(agent, tokenizer, ev
     assert result["overall"] == {
         "n": 1,
         "em": em,
+        "em_fraction": em,
         "f1": pytest.approx(f1),
         "acc": acc,
+        "num_objectives": 1,
         "answered": 1.0,
         "mean_turns": 2,
         "mean_searches": 1,
         "retriever_errors": 0,
         "finish_reasons": {"answer": 1},
+        "mean_peak_context_tokens": max(turn_tokens),
+        "peak_context_tokens": max(turn_tokens),
     }
     assert result["context_tokens_per_turn"] == [
         {"turn": t + 1, "n": 1, "mean": tokens, "peak": tokens} for t, tokens in enumerate(turn_tokens)
     ]
     assert summary["plot"]["lines"][agent]["mean"] == turn_tokens
+
+
+async def test_a_two_objective_task_sums_em_over_objectives(tokenizer, eval_retriever_url, tmp_path):
+    (row,) = compose_multi_objective([RECORD, RECORD2], 2, split="test", num_tasks=1)
+    parts = {"director": "The director", "Italy": "Rome Italy"}  # EM 1 and 0; F1 1 and 2/3; both contain the gold
+    answer = "; ".join(parts[golds[0]] for golds in row["reward_model"]["ground_truth"])
+    policy = ScriptedPolicy(tokenizer, [MEM1[0], f"<IS>Both found.</IS><answer>{answer}</answer>"])
+    summary = await evaluate_one("mem1", policy, tokenizer, eval_retriever_url, tmp_path, row=row)
+    (example,) = [json.loads(line) for line in (tmp_path / "examples.jsonl").read_text().splitlines()]
+    assert example["golden_answers"] == [list(golds) for golds in row["reward_model"]["ground_truth"]]
+    assert example["question"] == row["extra_info"]["question"]
+    expected = {"em": 1.0, "em_fraction": 0.5, "f1": pytest.approx((1 + 2 / 3) / 2), "acc": 1.0, "num_objectives": 2}
+    assert example["scores"] == expected
+    overall = summary["agents"]["mem1"]["overall"]
+    assert {key: overall[key] for key in expected} == expected
+    ends = [len(call["prompt_ids"]) + len(call["token_ids"]) for call in policy.calls]
+    assert (overall["mean_peak_context_tokens"], overall["peak_context_tokens"]) == (max(ends), max(ends))
+
+
+ANSWERED = {"finish_reason": "answer", "penalised": False}
+
+
+@pytest.mark.parametrize(
+    ("fields", "ground_truth", "expected"),
+    [
+        # "x; wrong" on [[x], [y]]: one objective of two (not "a": normalisation drops articles)
+        ({"final_response": "<answer>x; wrong</answer>"}, [["x"], ["y"]], (1.0, 0.5, 0.5, 0.5)),
+        # parts are matched in order; extra parts are ignored
+        ({"final_response": "<answer>y; x; z</answer>"}, [["x"], ["y"]], (0.0, 0.0, 0.0, 0.0)),
+        # fewer parts than objectives: the missing ones score 0
+        ({"final_response": "<answer>X</answer>"}, [["w", "x"], ["y"], ["z"], ["v"]], (1.0, 0.25, 0.25, 0.25)),
+        # no valid answer (the loop ended on its turn limit): nothing is read
+        ({"final_response": "<answer>x; y</answer>", "finish_reason": "max_turns"}, [["x"], ["y"]], (0, 0, 0, 0)),
+        # a flat list of golds is one question
+        ({"final_response": "<answer>x y</answer>"}, ["x"], (0.0, 0.0, 2 / 3, 1.0)),
+    ],
+)
+def test_score_by_the_shape_of_the_ground_truth(fields, ground_truth, expected):
+    prediction, scores = score({**ANSWERED, **fields}, ground_truth)
+    em, em_fraction, f1, acc = expected
+    objectives = len(ground_truth) if isinstance(ground_truth[0], list) else 1
+    assert scores == {
+        "em": em,
+        "em_fraction": em_fraction,
+        "f1": pytest.approx(f1),
+        "acc": acc,
+        "num_objectives": objectives,
+    }
+    assert prediction == (None if fields.get("finish_reason") else fields["final_response"][8:-9])
 
 
 async def test_a_dead_retriever_fails_before_any_question(tokenizer, tmp_path):
@@ -97,16 +152,3 @@ def test_settings_apply_to_all_agents_or_one():
     assert settings["react"] == {"max_turns": 7, "topk": 5, "stop": ["</a>"]}
     with pytest.raises(ValueError, match="KEY=VALUE"):
         agent_settings(["react"], ["topk"])
-
-
-def test_datasets_are_named_limited_and_validated(data_dir, tmp_path):
-    path = data_dir / "qa_bamboogle.jsonl"
-    datasets = load_datasets([f"bamboo={path}", str(data_dir / "qa_multihop.jsonl")], limit=3)
-    assert {name: len(records) for name, records in datasets.items()} == {"bamboo": 3, "qa_multihop": 3}
-    assert datasets["bamboo"][0].question == json.loads(path.read_text().splitlines()[0])["question"]
-    with pytest.raises(ValueError, match="given twice"):
-        load_datasets([f"x={path}", f"x={path}"])
-    bad = tmp_path / "bad.jsonl"
-    bad.write_text('{"id": "1", "question": "q?"}\n')
-    with pytest.raises(ValueError, match="bad.jsonl:1: field 'golden_answers'"):
-        load_datasets([str(bad)])

@@ -32,7 +32,11 @@ def add_arguments(parser) -> None:
         "--agent", action="append", choices=AGENTS, required=True, help="agent to evaluate; repeat for several"
     )
     parser.add_argument(
-        "--data", action="append", required=True, metavar="NAME=PATH", help="FlashRAG JSON lines; repeat"
+        "--data",
+        action="append",
+        required=True,
+        metavar="NAME=PATH",
+        help="FlashRAG JSON lines, or a .parquet written by `verl-memagent prepare` (used as it is); repeat",
     )
     parser.add_argument("--out", required=True, help="output directory (examples.jsonl, summary.json, PNG)")
     backend = parser.add_mutually_exclusive_group(required=True)
@@ -49,7 +53,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
     parser.add_argument("--concurrency", type=int, default=32, help="questions in flight at once")
-    parser.add_argument("--limit", type=int, help="first N questions of each dataset")
+    parser.add_argument("--limit", type=int, help="first N tasks of each dataset")
+    parser.add_argument(
+        "--objectives", type=int, default=1, help="MEM1: questions per task composed from JSON lines (>1 composes)"
+    )
+    parser.add_argument("--num-tasks", type=int, help="with --objectives: tasks to compose (default: one pass)")
+    parser.add_argument("--seed", type=int, default=0, help="seed of the composer (same as `prepare --seed`)")
     parser.add_argument("--prompt-length", type=int, default=4096, help="verl rollout.prompt_length")
     parser.add_argument("--response-length", type=int, default=8192, help="verl rollout.response_length")
     parser.add_argument("--device", help="in-process device (default: cuda if available, else cpu)")
@@ -83,14 +92,17 @@ def run_cli(args) -> int:
 
     from verl_memagent.agent import AGENT_LOOPS_YAML, verl_trainer_config
     from verl_memagent.eval.openai_client import CompletionsClient
-    from verl_memagent.eval.runner import SUMMARY_FILE, evaluate, load_datasets
+    from verl_memagent.eval.runner import SUMMARY_FILE, evaluate
+    from verl_memagent.eval.tasks import load_datasets
 
     tokenizer_path = args.tokenizer or args.model
     if tokenizer_path is None:
         raise SystemExit("--tokenizer: required with --server (the served checkpoint's tokenizer directory)")
     tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
     agents = list(dict.fromkeys(args.agent))
-    datasets = load_datasets(args.data, args.limit)
+    datasets = load_datasets(
+        args.data, args.limit, objectives=args.objectives, num_tasks=args.num_tasks, seed=args.seed
+    )
     settings = agent_settings(
         agents, args.set, retriever_urls=args.retriever, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens
     )
@@ -134,7 +146,9 @@ def run_cli(args) -> int:
     summary = asyncio.run(main())
     for agent, result in summary["agents"].items():
         scores = ", ".join(
-            f"{name} EM {s['em']:.3f} F1 {s['f1']:.3f} acc {s['acc']:.3f}" for name, s in result["datasets"].items()
+            f"{name} EM {s['em']:.3f} F1 {s['f1']:.3f} acc {s['acc']:.3f} ({s['num_objectives']:g} objectives, "
+            f"mean peak {s['mean_peak_context_tokens']:.0f} tokens)"
+            for name, s in result["datasets"].items()
         )
         print(f"{agent}: {scores}; peak context {result['peak_context_tokens']} tokens")
     print(Path(args.out) / SUMMARY_FILE)

@@ -1,9 +1,16 @@
-"""One evaluated question as a JSON-ready record: prediction, scores and the trajectory the agent played.
+"""One evaluated task as a JSON-ready record: prediction, scores and the trajectory the agent played.
 
-Scores are the training rewards' own reading of the answer (`reward.scores.exact_match_score`: the
-final output's `<answer>`/`\\boxed{}` from `extra_fields["final_response"]`, 0 for a trajectory that
-ended without a valid answer), plus FlashRAG's `acc`: a normalised gold answer is contained in the
-normalised prediction.
+Scores are the training rewards' own reading of the answer (the final output's `<answer>`/`\\boxed{}`
+from `extra_fields["final_response"]`, none for a trajectory that ended without a valid answer),
+chosen by the shape of the ground truth:
+
+- a flat list of gold answers is one question: `reward.scores.exact_match_score` (EM, F1) plus
+  FlashRAG's `acc` (a normalised gold answer is contained in the normalised prediction);
+- a list of N gold lists is MEM1's N-objective task: `reward.scores.multi_objective_em` gives `em`
+  (the sum of EM over objectives, 0..N, as MEM1 reports it) and `em_fraction` (em / N); F1 and acc
+  are those of each `;`-separated part against its objective, averaged over the N objectives.
+
+A single question is the one-objective case (`em_fraction` = `em`, `num_objectives` = 1).
 
 Turn t is the t-th context of MemSearcher and MEM1 (one per turn) and the t-th generation of ReAct
 (one growing context). Its context tokens are the context's length at the end of the turn's last
@@ -12,12 +19,14 @@ generation: everything the model attended to in that turn.
 
 from __future__ import annotations
 
+from statistics import fmean
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from verl_memagent.reward import extract_answer, normalize_answer
-from verl_memagent.reward.scores import exact_match_score
+from verl_memagent.agent.turns import question_of
+from verl_memagent.reward import extract_answer, f1_score, gold_answers, normalize_answer, split_objectives
+from verl_memagent.reward.scores import exact_match_score, multi_objective_em
 
 
 def contains_answer(prediction: str | None, golds: list[str]) -> float:
@@ -28,12 +37,40 @@ def contains_answer(prediction: str | None, golds: list[str]) -> float:
     return float(any(normalize_answer(gold) in pred for gold in golds))
 
 
-def score(extra_fields: dict[str, Any], golds: list[str]) -> tuple[str | None, dict[str, float]]:
-    """(prediction, {em, f1, acc}) of a trajectory, read as the training reward reads it."""
+def objective_golds(ground_truth: Any) -> list[list[str]] | None:
+    """The N gold lists of a multi-objective task, or None for one question's flat list of answers."""
+    if isinstance(ground_truth, str) or any(isinstance(item, str) for item in ground_truth):
+        return None
+    return [list(golds) for golds in ground_truth]
+
+
+def score(extra_fields: dict[str, Any], ground_truth: Any) -> tuple[str | None, dict[str, float]]:
+    """(prediction, {em, em_fraction, f1, acc, num_objectives}) of a trajectory, read as the reward reads it."""
     final = extra_fields["final_response"]
-    reward = exact_match_score("eval", final, golds, extra_info=extra_fields)
-    prediction = extract_answer(final) if reward["has_answer"] else None
-    return prediction, {"em": reward["em"], "f1": reward["f1"], "acc": contains_answer(prediction, golds)}
+    objectives = objective_golds(ground_truth)
+    golds = gold_answers(ground_truth) if objectives is None else []
+    reading = exact_match_score("eval", final, golds, extra_info=extra_fields)  # whether an answer was read
+    prediction = extract_answer(final) if reading["has_answer"] else None
+    if objectives is None:
+        em = reading["em"]
+        return prediction, {
+            "em": em,
+            "em_fraction": em,
+            "f1": reading["f1"],
+            "acc": contains_answer(prediction, golds),
+            "num_objectives": 1,
+        }
+    reward = multi_objective_em("eval", final, objectives, extra_info=extra_fields)
+    parts = split_objectives(prediction) if prediction is not None else []
+    parts += [None] * (len(objectives) - len(parts))  # a missing part scores 0, as in the reward
+    pairs = list(zip(parts, objectives, strict=False))
+    return prediction, {
+        "em": reward["score"],
+        "em_fraction": reward["em_fraction"],
+        "f1": fmean(f1_score(part, golds) if part is not None else 0.0 for part, golds in pairs),
+        "acc": fmean(contains_answer(part, golds) for part, golds in pairs),
+        "num_objectives": len(objectives),
+    }
 
 
 def turn_context_tokens(outputs: list[AgentLoopOutput], one_output_per_context: bool) -> list[int]:
@@ -71,23 +108,23 @@ def context_record(output: AgentLoopOutput, tokenizer) -> dict[str, Any]:
 
 
 def example_record(
-    agent: str, dataset: str, record, outputs: AgentLoopOutput | list[AgentLoopOutput], tokenizer
+    agent: str, dataset: str, row: dict[str, Any], outputs: AgentLoopOutput | list[AgentLoopOutput], tokenizer
 ) -> dict[str, Any]:
-    """The JSON line of one question (`record`: a `data.prepare.QARecord`) and what `run()` returned.
+    """The JSON line of one task (`row`: the kwargs `run()` got) and what `run()` returned.
 
     A list (memsearcher, mem1) holds one output per context; a bare output (react) is one context.
     """
     one_output_per_context = isinstance(outputs, list)
     outputs = outputs if one_output_per_context else [outputs]
     fields = outputs[-1].extra_fields
-    golds = list(record.golden_answers)
+    golds = row["reward_model"]["ground_truth"]
     prediction, scores = score(fields, golds)
     contexts = [context_record(output, tokenizer) for output in outputs]
     return {
         "agent": agent,
         "dataset": dataset,
-        "id": record.id,
-        "question": record.question,
+        "id": row["extra_info"].get("id", row["index"]),
+        "question": question_of(row),
         "golden_answers": golds,
         "prediction": prediction,
         "final_response": fields["final_response"],

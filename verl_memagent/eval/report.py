@@ -1,7 +1,9 @@
 """Aggregate evaluated questions (records of `eval.records`) into the summary JSON.
 
-Per agent: EM / F1 / acc and finish reasons per dataset and over all questions (micro average), and
-context tokens per turn index: mean and peak over the trajectories that reached that turn.
+Per agent: EM / EM fraction / F1 / acc, finish reasons and peak context tokens per dataset and over
+all tasks (micro average), and context tokens per turn index: mean and peak over the trajectories
+that reached that turn. A task's peak context tokens (MEM1's "peak memory") is the largest context
+of its trajectory; datasets report the mean and the maximum over their tasks.
 """
 
 from __future__ import annotations
@@ -11,11 +13,12 @@ from collections.abc import Iterable
 from statistics import fmean
 from typing import Any
 
-METRICS = ("em", "f1", "acc")
+METRICS = ("em", "em_fraction", "f1", "acc", "num_objectives")
 
 
 def score_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
-    """Mean scores, counts and outcomes of some questions."""
+    """Mean scores, counts, outcomes and peak context tokens of some tasks."""
+    peaks = [max(r["turn_context_tokens"]) for r in records]
     return {
         "n": len(records),
         **{metric: fmean(r["scores"][metric] for r in records) for metric in METRICS},
@@ -24,6 +27,8 @@ def score_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "mean_searches": fmean(r["searches"] for r in records),
         "retriever_errors": sum(c["retriever_errors"] for r in records for c in r["contexts"]),
         "finish_reasons": dict(sorted(Counter(r["finish_reason"] for r in records).items())),
+        "mean_peak_context_tokens": fmean(peaks),
+        "peak_context_tokens": max(peaks),
     }
 
 
@@ -49,10 +54,11 @@ def summarise(records: Iterable[dict[str, Any]]) -> dict[str, Any]:
         by_dataset: dict[str, list[dict[str, Any]]] = defaultdict(list)
         for record in agent_records:
             by_dataset[record["dataset"]].append(record)
+        overall = score_summary(agent_records)
         summary[agent] = {
             "datasets": {name: score_summary(rs) for name, rs in by_dataset.items()},
-            "overall": score_summary(agent_records),
+            "overall": overall,
             "context_tokens_per_turn": per_turn_context_tokens(agent_records),
-            "peak_context_tokens": max(max(r["turn_context_tokens"]) for r in agent_records),
+            "peak_context_tokens": overall["peak_context_tokens"],
         }
     return summary

@@ -1,11 +1,12 @@
-"""`verl-memagent eval`: run agents over FlashRAG datasets with the training turn logic, score and report.
+"""`verl-memagent eval`: run agents over datasets of tasks with the training turn logic, score and report.
 
-Each question gets its own agent loop, built by `instantiate_agent_loop` exactly as verl's
-AgentLoopWorker builds one per sample, and its real `run()`; the loop talks to a `generate()` backend
-(the in-process `HFGenerator`, or `CompletionsClient` for a vLLM/SGLang server) and to the retriever.
-Questions of all agents and datasets run concurrently, at most `concurrency` at a time.
+Each task (a verl dataset row, see `eval.tasks`) gets its own agent loop, built by
+`instantiate_agent_loop` exactly as verl's AgentLoopWorker builds one per sample, and its real `run()`
+with the row's kwargs; the loop talks to a `generate()` backend (the in-process `HFGenerator`, or
+`CompletionsClient` for a vLLM/SGLang server) and to the retriever. Tasks of all agents and datasets
+run concurrently, at most `concurrency` at a time.
 
-Writes to the output directory: `examples.jsonl` (one line per agent and question, in completion
+Writes to the output directory: `examples.jsonl` (one line per agent and task, in completion
 order), `summary.json` (scores per agent and dataset, context tokens per turn) and `context_tokens.png`.
 """
 
@@ -21,24 +22,12 @@ import httpx
 from tqdm import tqdm
 
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop
-from verl_memagent.data.prepare import QARecord, parse_input, read_flashrag
 from verl_memagent.eval.plot import plot_context_tokens
 from verl_memagent.eval.records import example_record
 from verl_memagent.eval.report import summarise
+from verl_memagent.eval.tasks import worker_kwargs
 
 EXAMPLES_FILE, SUMMARY_FILE, PLOT_FILE = "examples.jsonl", "summary.json", "context_tokens.png"
-
-
-def load_datasets(specs: list[str], limit: int | None = None) -> dict[str, list[QARecord]]:
-    """`NAME=PATH` (or `PATH`, named by its stem) -> validated questions, the first `limit` of each."""
-    datasets = {}
-    for spec in specs:
-        name, path = parse_input(spec)
-        name = name or path.stem
-        if name in datasets:
-            raise ValueError(f"--data: dataset name {name!r} given twice; name them NAME=PATH")
-        datasets[name] = read_flashrag(path, source=name)[:limit]
-    return datasets
 
 
 async def check_retriever(urls: list[str]) -> None:
@@ -64,7 +53,7 @@ async def evaluate(
     generator,
     tokenizer,
     agents: list[str],
-    datasets: dict[str, list[QARecord]],
+    datasets: dict[str, list[dict[str, Any]]],
     out_dir: str | Path,
     *,
     settings: dict[str, dict[str, Any]],
@@ -75,7 +64,7 @@ async def evaluate(
     agent_loops: str | Path = AGENT_LOOPS_YAML,
     run_info: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
-    """Run every agent on every question, write the three outputs, return the summary.
+    """Run every agent on every task (`datasets`: name -> verl rows), write the three outputs, return the summary.
 
     `sampling_params` are what verl's worker sends (temperature, top_p, top_k, repetition_penalty,
     logprobs); `run_info` (model, server, ...) is copied into the summary as `run`.
@@ -94,29 +83,17 @@ async def evaluate(
     out_dir.mkdir(parents=True, exist_ok=True)
     slots = asyncio.Semaphore(concurrency)
 
-    async def run_one(agent: str, dataset: str, index: int, record: QARecord) -> dict[str, Any]:
+    async def run_one(agent: str, dataset: str, row: dict[str, Any]) -> dict[str, Any]:
         async with slots:
-            row = {  # the dataset row as `verl-memagent prepare` writes it and verl's worker passes it
-                "raw_prompt": [{"role": "user", "content": record.question}],
-                "extra_info": {"question": record.question, "id": record.id, "index": index, "split": "test"},
-                "reward_model": {"style": "rule", "ground_truth": list(record.golden_answers)},
-                "data_source": dataset,
-                "agent_name": agent,
-                "index": index,
-            }
-            outputs = await build(agent).run(dict(sampling_params), **row)
-            return example_record(agent, dataset, record, outputs, tokenizer)
+            kwargs = worker_kwargs(row, agent)
+            outputs = await build(agent).run(dict(sampling_params), **kwargs)
+            return example_record(agent, dataset, kwargs, outputs, tokenizer)
 
-    jobs = [
-        run_one(agent, dataset, index, record)
-        for agent in agents
-        for dataset, records in datasets.items()
-        for index, record in enumerate(records)
-    ]
+    jobs = [run_one(agent, dataset, row) for agent in agents for dataset, rows in datasets.items() for row in rows]
     start = time.perf_counter()
     records = []
     with (out_dir / EXAMPLES_FILE).open("w", encoding="utf-8") as lines:
-        for job in tqdm(asyncio.as_completed(jobs), total=len(jobs), desc="eval", unit="question"):
+        for job in tqdm(asyncio.as_completed(jobs), total=len(jobs), desc="eval", unit="task"):
             record = await job
             lines.write(json.dumps(record) + "\n")
             lines.flush()
@@ -124,7 +101,7 @@ async def evaluate(
     summary = {
         "run": run_info or {},
         "agents": summarise(records),
-        "datasets": {name: len(records) for name, records in datasets.items()},
+        "datasets": {name: len(rows) for name, rows in datasets.items()},
         "sampling_params": sampling_params,
         "settings": settings,
         "elapsed_s": time.perf_counter() - start,
