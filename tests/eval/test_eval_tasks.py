@@ -6,6 +6,7 @@ import json
 
 import pytest
 
+from verl_memagent.data.compose import TASK_PREFIX
 from verl_memagent.data.prepare import prepare, read_flashrag, write_parquet
 from verl_memagent.eval.tasks import load_datasets, worker_kwargs
 
@@ -23,8 +24,19 @@ def test_datasets_are_named_limited_and_validated(data_dir, tmp_path):
     bad.write_text('{"id": "1", "question": "q?"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: field 'golden_answers'"):
         load_datasets([str(bad)])
-    with pytest.raises(ValueError, match="--num-tasks: counts composed tasks"):
-        load_datasets([str(path)], num_tasks=4)
+
+
+def test_num_tasks_composes_even_one_objective_tasks(data_dir):
+    path = data_dir / "qa_bamboogle.jsonl"
+    (tasks,) = load_datasets([str(path)], objectives=1, num_tasks=4, seed=5).values()
+    records = {record.id: record for record in read_flashrag(path)}
+    assert len(tasks) == 4 and len({row["extra_info"]["id"] for row in tasks}) == 4
+    for row in tasks:
+        record = records[row["extra_info"]["id"]]
+        assert row["reward_model"]["ground_truth"] == [list(record.golden_answers)]
+        assert row["extra_info"]["question"] == f"{TASK_PREFIX}{record.question.rstrip('?;')}?"
+    (more,) = load_datasets([str(path)], objectives=1, num_tasks=9, seed=5).values()
+    assert more[:4] == tasks  # --limit K and --num-tasks K give the same first tasks
 
 
 @pytest.mark.parametrize("objectives", [1, 2])

@@ -39,12 +39,14 @@ def read_parquet_rows(path: Path) -> list[dict[str, Any]]:
 def flashrag_rows(
     path: Path, name: str, objectives: int = 1, num_tasks: int | None = None, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """Rows of a FlashRAG file as `verl-memagent prepare` builds them: N-objective tasks when `objectives` > 1."""
+    """Rows of a FlashRAG file as `verl-memagent prepare` builds them, or MEM1's composed tasks.
+
+    Tasks are composed when `objectives` > 1 (as `prepare` does) or when `num_tasks` is given, so
+    `--objectives 1 --num-tasks K` gives K seeded one-question tasks worded as the N-objective ones.
+    """
     records = read_flashrag(path, source=name)
-    if objectives > 1:  # the agent name is a placeholder: worker_kwargs sets the evaluated agent
+    if objectives > 1 or num_tasks is not None:  # the agent name is a placeholder: worker_kwargs sets it
         return compose_multi_objective(records, objectives, split=EVAL_SPLIT, seed=seed, num_tasks=num_tasks)
-    if num_tasks is not None:
-        raise ValueError("--num-tasks: counts composed tasks (--objectives 2 or more); --limit counts questions")
     return to_verl_rows(records, agent="mem1", split=EVAL_SPLIT)
 
 
@@ -55,6 +57,7 @@ def load_datasets(
 
     A `.parquet` is a prepared verl dataset, used as it is; any other file is FlashRAG JSON lines,
     composed into `objectives`-question tasks (`num_tasks`, `seed`) as `verl-memagent prepare` does.
+    `limit` keeps the first tasks, which do not depend on `num_tasks` (the composer draws in order).
     """
     datasets = {}
     for spec in specs:
