@@ -24,6 +24,8 @@ def test_datasets_are_named_limited_and_validated(data_dir, tmp_path):
     bad.write_text('{"id": "1", "question": "q?"}\n')
     with pytest.raises(ValueError, match="bad.jsonl:1: field 'golden_answers'"):
         load_datasets([str(bad)])
+    with pytest.raises(ValueError, match="--objectives: expected a positive number"):
+        load_datasets([str(path)], objectives=0)
 
 
 def test_num_tasks_composes_even_one_objective_tasks(data_dir):

@@ -52,12 +52,14 @@ def add_arguments(parser) -> None:
     parser.add_argument("--agent-loops", help="agent-loop YAML (default: the shipped agent_loops.yaml)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
-    parser.add_argument("--concurrency", type=int, default=32, help="questions in flight at once")
+    parser.add_argument("--concurrency", type=int, default=32, help="tasks in flight at once")
     parser.add_argument("--limit", type=int, help="first N tasks of each dataset")
     parser.add_argument(
         "--objectives", type=int, default=1, help="MEM1: questions per task composed from JSON lines (>1 composes)"
     )
-    parser.add_argument("--num-tasks", type=int, help="with --objectives: tasks to compose (default: one pass)")
+    parser.add_argument(
+        "--num-tasks", type=int, help="MEM1: tasks to compose, also at --objectives 1 (default: one pass over the pool)"
+    )
     parser.add_argument("--seed", type=int, default=0, help="seed of the composer (same as `prepare --seed`)")
     parser.add_argument("--prompt-length", type=int, default=4096, help="verl rollout.prompt_length")
     parser.add_argument("--response-length", type=int, default=8192, help="verl rollout.response_length")

@@ -59,6 +59,8 @@ def load_datasets(
     composed into `objectives`-question tasks (`num_tasks`, `seed`) as `verl-memagent prepare` does.
     `limit` keeps the first tasks, which do not depend on `num_tasks` (the composer draws in order).
     """
+    if objectives < 1:
+        raise ValueError(f"--objectives: expected a positive number of questions per task, got {objectives}")
     datasets = {}
     for spec in specs:
         name, path = parse_input(spec)
