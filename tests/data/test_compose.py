@@ -3,7 +3,7 @@
 import pytest
 
 from verl_memagent.data import compose_multi_objective, read_flashrag
-from verl_memagent.data.compose import TASK_PREFIX
+from verl_memagent.data.compose import TASK_PREFIX, task_rows
 
 
 @pytest.fixture(scope="module")
@@ -43,3 +43,16 @@ def test_more_tasks_than_one_pass_and_bad_sizes(pool):
         compose_multi_objective(pool[:2], 3)
     with pytest.raises(ValueError, match="agent"):
         compose_multi_objective(pool, 2, agent="nope")
+
+
+def test_task_rows_compose_only_when_asked(pool):
+    plain = task_rows(pool, "memsearcher", "test")
+    assert [row["extra_info"]["question"] for row in plain] == [record.question for record in pool]
+    single_tasks = task_rows(pool, "mem1", "test", objectives=1, num_tasks=3, seed=5)
+    assert len(single_tasks) == 3
+    assert all(row["extra_info"]["question"].startswith(TASK_PREFIX) for row in single_tasks)
+    assert all(len(row["reward_model"]["ground_truth"]) == 1 for row in single_tasks)
+    composed = compose_multi_objective(pool, 2, split="test", seed=5)
+    assert task_rows(pool, "mem1", "test", objectives=2, seed=5) == composed
+    with pytest.raises(ValueError, match="objectives: expected a positive number"):
+        task_rows(pool, "mem1", "test", objectives=0)

@@ -11,7 +11,7 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from verl_memagent.data.prepare import AGENTS, QARecord
+from verl_memagent.data.prepare import AGENTS, QARecord, to_verl_rows
 
 TASK_PREFIX = "Answer the following questions: "
 
@@ -69,3 +69,23 @@ def compose_multi_objective(
             }
         )
     return rows
+
+
+def task_rows(
+    records: Sequence[QARecord],
+    agent: str,
+    split: str,
+    objectives: int = 1,
+    num_tasks: int | None = None,
+    seed: int = 0,
+) -> list[dict[str, Any]]:
+    """verl rows of plain questions, or of composed tasks when `objectives` > 1 or `num_tasks` is given.
+
+    `prepare` and `eval` both build their rows here, so the same flags give the same tasks;
+    `objectives=1` with `num_tasks` gives seeded one-question tasks worded as the N-objective ones.
+    """
+    if objectives < 1:
+        raise ValueError(f"objectives: expected a positive number of questions per task, got {objectives}")
+    if objectives > 1 or num_tasks is not None:
+        return compose_multi_objective(records, objectives, agent=agent, split=split, seed=seed, num_tasks=num_tasks)
+    return to_verl_rows(records, agent, split)

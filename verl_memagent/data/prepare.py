@@ -105,7 +105,7 @@ def prepare(
     limit: int | None = None,
 ) -> tuple[Path, int]:
     """The `verl-memagent prepare` job: read inputs, optionally shuffle/limit/compose, write one parquet."""
-    from verl_memagent.data.compose import compose_multi_objective
+    from verl_memagent.data.compose import task_rows
 
     records = []
     for spec in inputs:
@@ -115,10 +115,7 @@ def prepare(
         random.Random(seed).shuffle(records)
     if limit is not None:
         records = records[:limit]
-    if objectives > 1:
-        rows = compose_multi_objective(records, objectives, agent=agent, split=split, seed=seed, num_tasks=num_tasks)
-    else:
-        rows = to_verl_rows(records, agent, split)
+    rows = task_rows(records, agent, split, objectives=objectives, num_tasks=num_tasks, seed=seed)
     return write_parquet(rows, out), len(rows)
 
 
@@ -135,7 +132,12 @@ def add_arguments(parser) -> None:
     parser.add_argument("--out", required=True, help="parquet file to write")
     parser.add_argument("--agent", required=True, choices=AGENTS, help="agent loop for every row (column agent_name)")
     parser.add_argument("--split", default="train", help="recorded in extra_info.split")
-    parser.add_argument("--objectives", type=int, default=1, help="MEM1: questions per task (>1 composes tasks)")
+    parser.add_argument(
+        "--objectives",
+        type=int,
+        default=1,
+        help="MEM1: questions per task (tasks are composed when >1 or with --num-tasks)",
+    )
     parser.add_argument("--num-tasks", type=int, help="MEM1: tasks to compose (default: one pass over the pool)")
     parser.add_argument("--seed", type=int, default=0, help="seed of --shuffle and of the composer")
     parser.add_argument("--shuffle", action="store_true", help="shuffle the questions (seeded) before --limit")

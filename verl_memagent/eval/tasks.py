@@ -1,8 +1,8 @@
 """The evaluated tasks: verl dataset rows, from a prepared parquet or a FlashRAG file, and the kwargs `run()` gets.
 
 Both inputs end as the rows `verl-memagent prepare` writes: a parquet's rows are read as they are; a
-FlashRAG JSON-lines file goes through the same builders as `prepare` (`data.prepare.to_verl_rows`, or
-`data.compose.compose_multi_objective` for MEM1's N-objective tasks). `worker_kwargs` then turns a
+FlashRAG JSON-lines file goes through the same builder as `prepare` (`data.compose.task_rows`: plain
+questions, or MEM1's N-objective tasks). `worker_kwargs` then turns a
 row into what verl's worker passes `run()` for it, so every input reaches the agent loop the same way.
 """
 
@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from verl_memagent.data.compose import compose_multi_objective
-from verl_memagent.data.prepare import parse_input, read_flashrag, to_verl_rows
+from verl_memagent.data.compose import task_rows
+from verl_memagent.data.prepare import parse_input, read_flashrag
 
 PARQUET_SUFFIX = ".parquet"
 EVAL_SPLIT = "test"
@@ -39,15 +39,9 @@ def read_parquet_rows(path: Path) -> list[dict[str, Any]]:
 def flashrag_rows(
     path: Path, name: str, objectives: int = 1, num_tasks: int | None = None, seed: int = 0
 ) -> list[dict[str, Any]]:
-    """Rows of a FlashRAG file as `verl-memagent prepare` builds them, or MEM1's composed tasks.
-
-    Tasks are composed when `objectives` > 1 (as `prepare` does) or when `num_tasks` is given, so
-    `--objectives 1 --num-tasks K` gives K seeded one-question tasks worded as the N-objective ones.
-    """
-    records = read_flashrag(path, source=name)
-    if objectives > 1 or num_tasks is not None:  # the agent name is a placeholder: worker_kwargs sets it
-        return compose_multi_objective(records, objectives, split=EVAL_SPLIT, seed=seed, num_tasks=num_tasks)
-    return to_verl_rows(records, agent="mem1", split=EVAL_SPLIT)
+    """Rows of a FlashRAG file exactly as `verl-memagent prepare` builds them (plain or composed tasks)."""
+    # the agent name is a placeholder: worker_kwargs sets each agent's
+    return task_rows(read_flashrag(path, source=name), "mem1", EVAL_SPLIT, objectives, num_tasks, seed)
 
 
 def load_datasets(
