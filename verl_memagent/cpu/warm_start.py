@@ -1,0 +1,80 @@
+"""Supervised warm start from scripted trajectories played through the real agent loop.
+
+A random tiny model never writes a valid action, so reinforcement learning gets no reward to follow.
+This plays scripted texts through the project's own agent loop (`ScriptedPolicy` behind verl's
+`generate`), against the real retriever, and trains on exactly the samples the loop emits: each
+context's prompt ids, then its response ids with the loss on generated tokens only (response_mask).
+The model thus learns the agent's real contexts, not a re-rendering of them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+
+import torch
+
+from verl_memagent.agent import instantiate_agent_loop
+from verl_memagent.agent.factory import verl_trainer_config
+from verl_memagent.agent.scripted import ScriptedPolicy
+
+IGNORE = -100
+
+
+async def scripted_samples(
+    agent: str,
+    scripts: Sequence[tuple[str, list[str]]],
+    tokenizer,
+    agent_loops_yaml: str,
+    prompt_length: int,
+    response_length: int,
+    **settings,
+) -> list[tuple[list[int], list[int]]]:
+    """(input ids, labels) of every context the agent loop builds while replaying each (question, texts)."""
+    config = verl_trainer_config(prompt_length=prompt_length, response_length=response_length)
+    samples = []
+    for index, (question, texts) in enumerate(scripts):
+        policy = ScriptedPolicy(tokenizer, texts)
+        loop = instantiate_agent_loop(agent, config, policy, tokenizer, path=agent_loops_yaml, **settings)
+        row = {
+            "raw_prompt": [{"role": "user", "content": question}],
+            "extra_info": {"question": question},
+            "data_source": "scripted",
+            "uid": f"scripted-{index}",
+            "session_id": 0,
+            "global_steps": 0,
+        }
+        outputs = await loop.run({"temperature": 1.0, "logprobs": False}, **row)
+        outputs = outputs if isinstance(outputs, list) else [outputs]
+        reason = outputs[-1].extra_fields.get("finish_reason")
+        if reason != "answer" or len(policy.calls) != len(texts):
+            raise ValueError(f"the script for {question!r} did not play out as an answer: {reason}")
+        for out in outputs:
+            labels = [tok if keep else IGNORE for tok, keep in zip(out.response_ids, out.response_mask, strict=True)]
+            samples.append((out.prompt_ids + out.response_ids, [IGNORE] * len(out.prompt_ids) + labels))
+    return samples
+
+
+def supervised_steps(model, samples, steps: int, lr: float, batch_size: int, pad_token_id: int, seed: int = 0):
+    """AdamW steps of next-token loss on the labelled tokens; returns the loss of each step."""
+    rng = random.Random(seed)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        batch = rng.sample(samples, min(batch_size, len(samples)))
+        width = max(len(ids) for ids, _ in batch)
+        input_ids = torch.full((len(batch), width), pad_token_id)
+        labels = torch.full((len(batch), width), IGNORE)
+        attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for row, (ids, targets) in enumerate(batch):
+            input_ids[row, : len(ids)] = torch.tensor(ids)
+            labels[row, : len(ids)] = torch.tensor(targets)
+            attention_mask[row, : len(ids)] = 1
+        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
