@@ -7,22 +7,27 @@ every gold passage of the multi-hop questions plus distractors, `--dense-passage
   - naive: the same index and encoder behind a FastAPI endpoint that serves one request at a time,
            no batching, no cache (how Search-R1's server works, made thread-safe with a lock),
 and drives both over HTTP (aiohttp, this process) at concurrency 1, 8, 64 with 1 and 32 queries per
-request, topk 3. Then: a rollout-shaped load (each question sent by 5 trajectories), the encoder's
-in-process ceiling (per-query, batched, int8), a soak of `--soak-requests` at concurrency 64, and a
-BM25 scale run on a synthetic corpus of `--scale-passages` passages (build time, RSS, qps).
-Everything shares this machine's CPUs with the load generator. Last line: one JSON object.
+request, topk 3, level by level in turn so both see the same machine load. Then: the int8 encoder,
+a rollout-shaped load (each question sent by 5 trajectories), the encoder's in-process ceiling
+(per-query, batched, int8; measured before and after the dense levels, averaged), a soak of
+`--soak-requests` at concurrency 64, and a BM25 scale run on a synthetic corpus of
+`--scale-passages` passages (build time, RSS, qps). Both servers and the ceiling use `--threads`
+torch threads (1 by default: on a shared 2-core machine a second thread mostly waits). Everything
+shares the CPUs with the load generator. Last line: one JSON object of the headline figures.
 
-    python benchmarks/retriever_bench.py [--work-dir DIR] [--dense-passages 3000]
-        [--scale-passages 1000000] [--soak-requests 100000]
+    python benchmarks/retriever_bench.py [--work-dir DIR] [--questions 384] [--threads 1]
+        [--dense-passages 3000] [--scale-passages 1000000] [--soak-requests 100000]
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import random
+import signal
 import socket
 import subprocess
 import sys
@@ -59,14 +64,17 @@ class NaiveQuery(BaseModel):
     return_scores: bool = True
 
 
-def naive_serve(index_dir: Path, port_file: Path) -> None:
+def naive_serve(index_dir: Path, port_file: Path, threads: int) -> None:
     """One request at a time through the same encoder and index: no batching across requests, no cache."""
+    import torch
     import uvicorn
     from fastapi import FastAPI
 
     from retriever_server.index import Searcher
 
+    torch.set_num_threads(threads)
     searcher = Searcher(index_dir)
+    searcher.search(["warm up"], TOPK)  # first-call costs (numba compilation) before serving, as ours does
     lock = threading.Lock()
     app = FastAPI()
 
@@ -127,18 +135,18 @@ class Server:
         return float("nan")
 
     def stop(self) -> None:
-        self.process.terminate()
-        self.process.wait(timeout=60)
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
 
 
-def ours(index_dir: Path, *args: str) -> Server:
-    return Server(
-        [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0", *args], "ours"
-    )
+def ours(index_dir: Path, threads: int, *args: str) -> Server:
+    command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0"]
+    return Server([*command, "--threads", str(threads), *args], "ours")
 
 
-def naive(index_dir: Path) -> Server:
-    return Server([sys.executable, __file__, "--naive-serve", str(index_dir)], "naive")
+def naive(index_dir: Path, threads: int) -> Server:
+    return Server([sys.executable, __file__, "--naive-serve", str(index_dir), "--threads", str(threads)], "naive")
 
 
 async def drive(url: str, bodies: list[list[str]], concurrency: int) -> dict:
@@ -186,27 +194,30 @@ def recall_at_k(results: list, bodies: list[list[str]], gold: dict[str, list[str
     return round(float(np.mean(found)), 4)
 
 
-def levels(server: Server, questions: list[str], gold: dict, label: str, report: dict) -> None:
-    """The concurrency x batch-size grid on unique queries; recall@3 from the c64 x 1 level (all questions)."""
+def levels(servers: dict[str, Server], questions: list[str], gold: dict, report: dict) -> None:
+    """The concurrency x batch-size grid on unique queries, each level run on every server in turn
+    (so both see the same machine load); recall@3 from the c64 x 1 level, which sends every question."""
     for concurrency, per_request in LEVELS:
-        count = {1: 100, 8: 300, 64: len(questions)}[concurrency] if per_request == 1 else len(questions)
+        count = {1: 48, 8: 128, 64: len(questions)}[concurrency] if per_request == 1 else len(questions)
         qs = questions[:count]
         bodies = [qs[i : i + per_request] for i in range(0, len(qs), per_request)]
-        stats = asyncio.run(drive(server.url, bodies, concurrency))
-        key = f"{label}_c{concurrency}_q{per_request}"
-        if (concurrency, per_request) == (64, 1):
-            stats["recall_at_3"] = recall_at_k(stats["results"], bodies, gold)
-        report[key] = {k: v for k, v in stats.items() if k != "results"}
-        print(f"{key:28s} {json.dumps(report[key])}", flush=True)
+        for label, server in servers.items():
+            stats = asyncio.run(drive(server.url, bodies, concurrency))
+            key = f"{label}_c{concurrency}_q{per_request}"
+            if (concurrency, per_request) == (64, 1):
+                stats["recall_at_3"] = recall_at_k(stats["results"], bodies, gold)
+            report[key] = {k: v for k, v in stats.items() if k != "results"}
+            print(f"{key:28s} {json.dumps(report[key])}", flush=True)
 
 
-def rollout(server: Server, questions: list[str], label: str, report: dict, n: int = 5) -> None:
+def rollout(servers: dict[str, Server], questions: list[str], report: dict, n: int = 5) -> None:
     """Each question sent by n trajectories (one query per request, concurrency 64), shuffled."""
     bodies = [[q] for q in questions for _ in range(n)]
     random.Random(0).shuffle(bodies)
-    stats = asyncio.run(drive(server.url, bodies, 64))
-    report[f"{label}_rollout"] = {k: v for k, v in stats.items() if k != "results"}
-    print(f"{label + '_rollout':28s} {json.dumps(report[label + '_rollout'])}", flush=True)
+    for label, server in servers.items():
+        stats = asyncio.run(drive(server.url, bodies, 64))
+        report[f"{label}_rollout"] = {k: v for k, v in stats.items() if k != "results"}
+        print(f"{label + '_rollout':28s} {json.dumps(report[label + '_rollout'])}", flush=True)
 
 
 # ---------------------------------------------------------------- indexes
@@ -275,14 +286,17 @@ def synthetic_corpus(work: Path, size: int, seed: int = 0) -> tuple[Path, list[t
 # ---------------------------------------------------------------- parts of the run
 
 
-def encoder_ceiling(questions: list[str], report: dict) -> None:
+def encoder_ceiling(questions: list[str], threads: int, report: dict, key: str) -> None:
+    """In-process encoder throughput: one query per call (no batching), batched by similar length
+    (the best batch size is the ceiling), and batched int8."""
     import torch
 
     from retriever_server.encoders import Encoder, resolve_spec
 
+    torch.set_num_threads(threads)
     spec = resolve_spec(minilm_dir())
     fp32 = Encoder(spec, device="cpu")
-    sample = questions[:128]
+    sample = questions[:48]
     started = time.perf_counter()
     for q in sample:
         fp32.encode_queries([q], batch_size=1)
@@ -296,20 +310,34 @@ def encoder_ceiling(questions: list[str], report: dict) -> None:
     started = time.perf_counter()
     int8.encode_queries(questions, batch_size=64)
     int8_qps = len(questions) / (time.perf_counter() - started)
-    report["encoder"] = {
+    report[key] = {
         "threads": torch.get_num_threads(),
         "per_query_qps": round(per_query, 1),
         "batched_qps": {str(k): round(v, 1) for k, v in best.items()},
         "ceiling_qps": round(max(best.values()), 1),
         "int8_batched_qps": round(int8_qps, 1),
     }
-    print(f"{'encoder (in process)':28s} {json.dumps(report['encoder'])}", flush=True)
+    print(f"{key:28s} {json.dumps(report[key])}", flush=True)
+
+
+def int8_level(index_dir: Path, threads: int, questions: list[str], gold: dict, report: dict) -> None:
+    """Our server with the int8 encoder at concurrency 64, one query per request: speed and recall."""
+    server = ours(index_dir, threads, "--cache-size", "0", "--quantize", "int8")
+    try:
+        bodies = [[q] for q in questions]
+        stats = asyncio.run(drive(server.url, bodies, 64))
+        stats["recall_at_3"] = recall_at_k(stats.pop("results"), bodies, gold)
+        report["dense_int8_c64_q1"] = stats
+    finally:
+        server.stop()
+    print(f"{'dense_int8_c64_q1':28s} {json.dumps(stats)}", flush=True)
 
 
 def bm25_inprocess(index_dir: Path, questions: list[str], report: dict) -> None:
     from retriever_server.index import Searcher
 
     searcher = Searcher(index_dir)
+    searcher.search(["warm up"], TOPK)  # numba compiles on the first call
     started = time.perf_counter()
     for q in questions:
         searcher.search([q], TOPK)
@@ -329,13 +357,14 @@ def soak(server: Server, questions: list[str], requests: int, report: dict) -> N
 
 
 def scale(work: Path, size: int, report: dict) -> None:
+    """BM25 only: torch threads do not matter."""
     started = time.perf_counter()
     corpus, probes = synthetic_corpus(work, size)
     generated = time.perf_counter() - started
     out = work / f"bm25_synthetic_{size}"
     build_s = build("bm25", corpus, out)
     du = sum(f.stat().st_size for f in out.rglob("*") if f.is_file())
-    server = ours(out, "--cache-size", "0")
+    server = ours(out, 1, "--cache-size", "0")
     try:
         bodies = [[q] for _, q in probes]
         stats = asyncio.run(drive(server.url, bodies, 64))
@@ -364,16 +393,20 @@ def main() -> None:
     parser.add_argument("--dense-passages", type=int, default=3000)
     parser.add_argument("--scale-passages", type=int, default=1_000_000, help="0 skips the scale run")
     parser.add_argument("--soak-requests", type=int, default=100_000, help="0 skips the soak")
+    parser.add_argument("--questions", type=int, default=384, help="unique multi-hop questions sent per level")
+    parser.add_argument("--rollout-questions", type=int, default=96, help="questions x 5 trajectories")
+    parser.add_argument("--threads", type=int, default=1, help="torch threads of both servers and the ceiling")
     parser.add_argument("--naive-serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.naive_serve:
-        return naive_serve(args.naive_serve, args.port_file)
+        return naive_serve(args.naive_serve, args.port_file, args.threads)
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s: stop the servers
 
     work = args.work_dir
     work.mkdir(parents=True, exist_ok=True)
     multihop = read_jsonl(REPO / "data" / "qa_multihop.jsonl")
-    questions = [q["question"] for q in multihop]
+    questions = [q["question"] for q in multihop][: args.questions]
     gold = {q["question"]: q["supporting_ids"] for q in multihop}
     report: dict = {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg()[0]}
 
@@ -388,39 +421,42 @@ def main() -> None:
         if kind == "bm25":
             bm25_inprocess(index_dir, questions, report)
         else:
-            encoder_ceiling(questions, report)
-        for label, start in (
-            (f"naive_{kind}", lambda d=index_dir: naive(d)),
-            (kind, lambda d=index_dir: ours(d, "--cache-size", "0")),
-        ):
-            server = start()
-            try:
-                levels(server, questions, gold, label, report)
-                report[f"{label}_peak_rss_mb"] = server.peak_rss_mb()
-                if label.startswith("naive"):
-                    rollout(server, questions[:160], label, report)
-            finally:
-                server.stop()
-        server = ours(index_dir)  # default settings, cache on: the rollout-shaped load
-        try:
-            rollout(server, questions[:160], kind, report)
+            encoder_ceiling(questions, args.threads, report, "encoder_before_levels")
+        with contextlib.ExitStack() as running:  # every server started here is stopped on any exit
+
+            def start(server: Server) -> Server:
+                running.callback(server.stop)
+                return server
+
+            baseline = start(naive(index_dir, args.threads))
+            unique = start(ours(index_dir, args.threads, "--cache-size", "0"))
+            levels({f"naive_{kind}": baseline, kind: unique}, questions, gold, report)
+            report[f"naive_{kind}_peak_rss_mb"], report[f"{kind}_peak_rss_mb"] = (
+                baseline.peak_rss_mb(),
+                unique.peak_rss_mb(),
+            )
+            unique.stop()
+            if kind == "dense":
+                encoder_ceiling(questions, args.threads, report, "encoder_after_levels")
+                int8_level(index_dir, args.threads, questions, gold, report)
+            cached = start(ours(index_dir, args.threads))  # default settings, cache on: the rollout-shaped load
+            rollout({f"naive_{kind}": baseline, kind: cached}, questions[: args.rollout_questions], report)
             if kind == "bm25" and args.soak_requests:
-                soak(server, questions, args.soak_requests, report)
-        finally:
-            server.stop()
+                soak(cached, questions, args.soak_requests, report)
     if args.scale_passages:
         scale(work, args.scale_passages, report)
 
     c64 = "_c64_q1"
-    ceiling = report["encoder"]["ceiling_qps"]
+    encoder = [report["encoder_before_levels"], report["encoder_after_levels"]]  # the machine's load drifts
+    ceiling = round(float(np.mean([e["ceiling_qps"] for e in encoder])), 1)
     headline = {
         "dense_qps_c64": report[f"dense{c64}"]["qps"],
         "naive_dense_qps_c64": report[f"naive_dense{c64}"]["qps"],
         "dense_speedup_c64": round(report[f"dense{c64}"]["qps"] / report[f"naive_dense{c64}"]["qps"], 2),
         "dense_fraction_of_encoder_ceiling_c64": round(report[f"dense{c64}"]["qps"] / ceiling, 3),
-        "encoder_per_query_qps": report["encoder"]["per_query_qps"],
+        "encoder_per_query_qps": round(float(np.mean([e["per_query_qps"] for e in encoder])), 1),
         "encoder_ceiling_qps": ceiling,
-        "encoder_int8_qps": report["encoder"]["int8_batched_qps"],
+        "encoder_int8_qps": round(float(np.mean([e["int8_batched_qps"] for e in encoder])), 1),
         "dense_p99_c64_ms": report[f"dense{c64}"]["p99_ms"],
         "naive_dense_p50_c64_ms": report[f"naive_dense{c64}"]["p50_ms"],
         "dense_qps_c64_q32": report["dense_c64_q32"]["qps"],
@@ -429,6 +465,8 @@ def main() -> None:
         "naive_dense_rollout_qps": report["naive_dense_rollout"]["qps"],
         "dense_rollout_speedup": round(report["dense_rollout"]["qps"] / report["naive_dense_rollout"]["qps"], 2),
         "recall_at_3": report[f"dense{c64}"]["recall_at_3"],
+        "dense_int8_qps_c64": report["dense_int8_c64_q1"]["qps"],
+        "dense_int8_recall_at_3": report["dense_int8_c64_q1"]["recall_at_3"],
         "naive_recall_at_3": report[f"naive_dense{c64}"]["recall_at_3"],
         "bm25_qps_c64": report[f"bm25{c64}"]["qps"],
         "naive_bm25_qps_c64": report[f"naive_bm25{c64}"]["qps"],
@@ -441,6 +479,7 @@ def main() -> None:
         "scale_rss_mb": report.get("scale", {}).get("serve_peak_rss_mb"),
         "scale_qps_c64": report.get("scale", {}).get("qps_c64"),
         "errors": sum(v.get("errors", 0) for v in report.values() if isinstance(v, dict)),
+        "threads": args.threads,
         "load_avg_end": round(os.getloadavg()[0], 2),
     }
     print(json.dumps(headline))

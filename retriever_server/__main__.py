@@ -8,7 +8,6 @@ import sys
 from pathlib import Path
 
 from retriever_server.corpus import CorpusError
-from retriever_server.dense import INDEX_KINDS
 from retriever_server.index import KINDS, DenseOptions, IndexLoadError, LoadOptions
 
 
@@ -24,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--out", type=Path, required=True, help="index directory to write")
     build.add_argument("--encoder", help="dense: model directory or hub name (e.g. intfloat/e5-base-v2)")
     build.add_argument("--family", default="auto", choices=("auto", "e5", "bge", "st"), help="dense: conventions")
-    build.add_argument("--index-type", default="flat", choices=INDEX_KINDS, help="dense: vector index kind")
+    build.add_argument("--index-type", default="flat", help="dense: flat, hnsw, ivfpq (faiss) or torch (exact)")
     build.add_argument(
         "--prebuilt-faiss", type=Path, help="dense: an existing faiss index of this corpus (no encoding)"
     )
@@ -51,6 +50,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--query-batch-size", type=int, default=64, help="dense: queries per encoder forward pass")
     serve.add_argument("--nprobe", type=int, default=32, help="ivfpq: lists probed per query")
     serve.add_argument("--ef-search", type=int, default=128, help="hnsw: search breadth")
+    serve.add_argument("--bm25-backend", default="auto", choices=("auto", "numba", "numpy"),
+                       help="bm25 scoring: numba is much faster but compiles at start-up")  # fmt: skip
     serve.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
     serve.add_argument("--log-level", default="warning")
     return parser
@@ -88,7 +89,13 @@ def _serve(args: argparse.Namespace) -> int:
         args.topk_default, args.topk_max, args.max_queries, args.max_query_chars, args.max_body_bytes, token
     )
     load = LoadOptions(
-        args.device, args.quantize, args.query_batch_size, args.nprobe, args.ef_search, args.threads or 2
+        args.device,
+        args.quantize,
+        args.query_batch_size,
+        args.nprobe,
+        args.ef_search,
+        args.threads or 2,
+        args.bm25_backend,
     )
     return serve(
         args.index,

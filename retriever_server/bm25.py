@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 from pathlib import Path
 
 import bm25s
@@ -28,11 +29,23 @@ def build_bm25(store: CorpusStore, out_dir: Path, *, show_progress: bool = True)
     return {"stemmer": LANGUAGE, "stopwords": STOPWORDS, "vocab_size": len(tokens.vocab)}
 
 
-class BM25Index:
-    """Searches a saved bm25s index; the score matrix stays memory-mapped on disk."""
+BACKENDS = ("auto", "numba", "numpy")
 
-    def __init__(self, index_dir: Path, num_passages: int):
-        self._retriever = bm25s.BM25.load(str(index_dir), mmap=True, show_progress=False)
+
+class BM25Index:
+    """Searches a saved bm25s index; the score matrix stays memory-mapped on disk.
+
+    Backend `auto` scores with numba when it is installed (a dependency of this project): 15x (14k
+    passages) to 60x (1M passages) the queries/s of bm25s's numpy backend here, at the price of a
+    JIT compilation at start-up (tens of seconds on two busy cores); `numpy` starts at once.
+    """
+
+    def __init__(self, index_dir: Path, num_passages: int, *, backend: str = "auto"):
+        if backend not in BACKENDS:
+            raise ValueError(f"--bm25-backend: expected one of {BACKENDS}, got {backend!r}")
+        if backend == "auto":
+            backend = "numba" if importlib.util.find_spec("numba") else "numpy"
+        self._retriever = bm25s.BM25.load(str(index_dir), mmap=True, show_progress=False, backend=backend)
         self._stemmer = Stemmer.Stemmer(LANGUAGE)
         self._num_passages = num_passages
 

@@ -1,5 +1,6 @@
 """An index directory: `meta.json` (written last, so a half-built directory never loads), the corpus
-store in `corpus/`, and the kind's own files. `build_index` makes one, `load_searcher` opens one."""
+store in `corpus/`, and the kind's own files. `build_index` makes one, `Searcher` opens one.
+Each kind's module is imported only when needed: a BM25 server never loads torch or faiss."""
 
 from __future__ import annotations
 
@@ -13,7 +14,6 @@ from typing import Protocol
 import numpy as np
 
 from retriever_server.corpus import CorpusError, CorpusStore, build_store
-from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FAISS_KINDS, INDEX_KINDS, FaissIndex, build_faiss
 
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
@@ -46,6 +46,7 @@ class LoadOptions:
     nprobe: int = 32
     ef_search: int = 128
     threads: int = 2
+    bm25_backend: str = "auto"
 
 
 class RowSearcher(Protocol):
@@ -91,6 +92,7 @@ def build_index(
 
 
 def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, show_progress: bool) -> dict:
+    from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FAISS_KINDS, INDEX_KINDS, FaissIndex, build_faiss
     from retriever_server.encoders import Encoder, encode_corpus, resolve_spec
 
     if options.index_type not in INDEX_KINDS:
@@ -170,7 +172,7 @@ class Searcher:
         if self.kind == "bm25":
             from retriever_server.bm25 import BM25Index
 
-            return BM25Index(index_dir / "bm25", len(self.store))
+            return BM25Index(index_dir / "bm25", len(self.store), backend=options.bm25_backend)
         if self.kind == "pyserini":
             from retriever_server.pyserini_index import PyseriniIndex
 

@@ -3,7 +3,6 @@ index in a background thread while /health answers "loading", exit non-zero if l
 
 from __future__ import annotations
 
-import logging
 import socket
 import sys
 import threading
@@ -14,8 +13,6 @@ import uvicorn
 from retriever_server.app import ServerLimits, create_app
 from retriever_server.engine import SearchEngine
 from retriever_server.index import LoadOptions, Searcher, read_meta
-
-log = logging.getLogger("retriever_server")
 
 
 def serve(
@@ -47,6 +44,7 @@ def serve(
     def load_index() -> None:
         try:
             searcher = Searcher(index_dir, load)
+            searcher.search(["warm up"], limits.topk_max)  # JIT compilation and first-call costs before "ready"
             app.state.engine = SearchEngine(
                 searcher, depth=limits.topk_max, max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size
             )

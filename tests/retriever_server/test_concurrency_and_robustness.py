@@ -10,11 +10,14 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+# numba scoring (the default) compiles for tens of seconds at start-up; tested once, in-process
+NUMPY_BM25 = ("--bm25-backend", "numpy")
+
 
 @pytest.fixture(scope="module")
 def uncached_url(retriever_server, bm25_index_dir):
     """No cache, so every concurrent answer is searched again (batched with strangers), not replayed."""
-    return retriever_server(bm25_index_dir, "--cache-size", "0").url
+    return retriever_server(bm25_index_dir, *NUMPY_BM25, "--cache-size", "0").url
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +43,7 @@ async def test_hundreds_of_concurrent_requests_equal_sequential_answers(uncached
 
 @pytest.fixture(scope="module")
 def malformed_url(retriever_server, bm25_index_dir):
-    return retriever_server(bm25_index_dir, "--max-queries", "8", "--max-body-bytes", "4096").url
+    return retriever_server(bm25_index_dir, *NUMPY_BM25, "--max-queries", "8", "--max-body-bytes", "4096").url
 
 
 json_values = st.recursive(

@@ -15,6 +15,7 @@ from pathlib import Path
 import httpx
 import numpy as np
 import pytest
+import torch
 
 from retriever_server.dense import EMBEDDINGS_FILE, FaissIndex, TorchIndex, build_faiss
 from retriever_server.encoders import BGE_QUERY_INSTRUCTION, Encoder, resolve_spec
@@ -89,6 +90,11 @@ def test_faiss_kinds_agree_with_the_exact_torch_index(torch_index, tmp_path):
     queries = embeddings[::7] + 0.05 * np.random.default_rng(0).standard_normal(embeddings[::7].shape, np.float32)
     exact_rows, exact_scores = TorchIndex(torch_index / EMBEDDINGS_FILE).search(queries, 10)
     np.testing.assert_allclose(exact_scores, np.sort(queries @ embeddings.T, axis=1)[:, ::-1][:, :10], rtol=1e-5)
+    # the shard-and-merge path that spreads the matrix over several GPUs, here over three CPU shards
+    sharded = TorchIndex(torch_index / EMBEDDINGS_FILE, devices=[torch.device("cpu")] * 3)
+    sharded_rows, sharded_scores = sharded.search(queries, 10)
+    np.testing.assert_array_equal(sharded_rows, exact_rows)
+    np.testing.assert_allclose(sharded_scores, exact_scores, rtol=1e-6)
     overlap = {}
     for kind in ("flat", "hnsw", "ivfpq"):
         build_faiss(embeddings, kind, tmp_path / kind, show_progress=False)

@@ -6,10 +6,13 @@ import httpx
 import numpy as np
 import pytest
 
+# numba scoring (the default) compiles for tens of seconds at start-up; tested once, in-process
+NUMPY_BM25 = ("--bm25-backend", "numpy")
+
 
 @pytest.fixture(scope="module")
 def bm25_url(retriever_server, bm25_index_dir):
-    return retriever_server(bm25_index_dir).url
+    return retriever_server(bm25_index_dir, *NUMPY_BM25).url
 
 
 @pytest.fixture(scope="module")
@@ -126,10 +129,23 @@ def test_health_and_stats_count_requests_and_cache_hits(bm25_url):
 
 def test_bearer_token_is_required_when_configured(retriever_server, bm25_index_dir, monkeypatch):
     monkeypatch.setenv("RETRIEVER_TEST_TOKEN", "s3cret")
-    url = retriever_server(bm25_index_dir, "--token-env", "RETRIEVER_TEST_TOKEN").url
+    url = retriever_server(bm25_index_dir, *NUMPY_BM25, "--token-env", "RETRIEVER_TEST_TOKEN").url
     body = {"queries": ["Toto band"]}
     assert httpx.post(f"{url}/retrieve", json=body).status_code == 401
     assert httpx.post(f"{url}/retrieve", json=body, headers={"Authorization": "Bearer wrong"}).status_code == 401
     ok = httpx.post(f"{url}/retrieve", json=body, headers={"Authorization": "Bearer s3cret"})
     assert ok.status_code == 200 and len(ok.json()["result"][0]) == 3
     assert httpx.get(f"{url}/health").status_code == 200
+
+
+def test_numba_scoring_answers_like_numpy(bm25_index_dir, questions):
+    from retriever_server.bm25 import BM25Index
+
+    queries = [q["question"] for q in questions[:50]] + ["", "zzqx unknownword"]
+    numpy_rows, numpy_scores = BM25Index(bm25_index_dir / "bm25", 14230, backend="numpy").search(queries, 10)
+    numba_rows, numba_scores = BM25Index(bm25_index_dir / "bm25", 14230, backend="numba").search(queries, 10)
+    np.testing.assert_allclose(numba_scores, numpy_scores, rtol=1e-5)
+    for rows_a, rows_b, scores in zip(numba_rows, numpy_rows, numpy_scores, strict=True):
+        above_cut = scores > scores[-1] + 1e-4  # equal scores may come in either order
+        assert set(rows_a[above_cut]) == set(rows_b[above_cut])
+    assert (numpy_rows[-2:] == -1).all()  # nothing matches: no zero-score filler

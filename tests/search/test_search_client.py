@@ -9,12 +9,15 @@ from aiohttp import web
 
 from verl_memagent.search import Document, RetrieverClient, RetrieverError, format_documents
 
+# numba scoring (the default) compiles for tens of seconds at start-up; tested once, in-process
+NUMPY_BM25 = ("--bm25-backend", "numpy")
+
 QUERIES = ["Jeff Porcaro drummer", "Pietro Germi director", "Old Frisian language", "Leda river Leer", "Toto band"]
 
 
 @pytest.fixture(scope="module")
 def server(retriever_server, bm25_index_dir):
-    return retriever_server(bm25_index_dir)
+    return retriever_server(bm25_index_dir, *NUMPY_BM25)
 
 
 def _dead_url() -> str:
@@ -67,7 +70,7 @@ async def test_failover_skips_a_dead_replica(server):
 
 
 async def test_load_spreads_over_replicas(server, retriever_server, bm25_index_dir):
-    second = retriever_server(bm25_index_dir)
+    second = retriever_server(bm25_index_dir, *NUMPY_BM25)
     before = [httpx.get(f"{url}/stats").json()["requests"].get("retrieve", 0) for url in (server.url, second.url)]
     async with RetrieverClient([server.url, second.url]) as client:
         await asyncio.gather(*(client.search([f"spread {i}"], topk=1) for i in range(60)))
@@ -112,7 +115,7 @@ async def test_5xx_is_retried_and_4xx_is_not(server):
 
 async def test_bearer_token(retriever_server, bm25_index_dir, monkeypatch):
     monkeypatch.setenv("CLIENT_TEST_TOKEN", "t0ken")
-    url = retriever_server(bm25_index_dir, "--token-env", "CLIENT_TEST_TOKEN").url
+    url = retriever_server(bm25_index_dir, *NUMPY_BM25, "--token-env", "CLIENT_TEST_TOKEN").url
     async with RetrieverClient(url, token="t0ken") as client:
         assert (await client.search(QUERIES[:1], topk=1))[0][0].title == "Jeff Porcaro"
     async with RetrieverClient(url) as client:
