@@ -302,7 +302,7 @@ def encoder_ceiling(questions: list[str], threads: int, report: dict, key: str) 
         fp32.encode_queries([q], batch_size=1)
     per_query = len(sample) / (time.perf_counter() - started)
     best = {}
-    for batch in (32, 64, 128):
+    for batch in (8, 16, 32, 64, 128):
         started = time.perf_counter()
         fp32.encode_queries(questions, batch_size=batch)
         best[batch] = len(questions) / (time.perf_counter() - started)

@@ -47,7 +47,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--token-env", help="name of an environment variable holding a bearer token to require")
     serve.add_argument("--device", help="dense: torch device of the query encoder / torch index")
     serve.add_argument("--quantize", choices=("int8",), help="dense on CPU: int8 dynamic quantisation of the encoder")
-    serve.add_argument("--query-batch-size", type=int, default=64, help="dense: queries per encoder forward pass")
+    serve.add_argument("--query-batch-size", type=int, help="dense: queries per forward pass (16 on CPU, 256 on GPU)")
     serve.add_argument("--nprobe", type=int, default=32, help="ivfpq: lists probed per query")
     serve.add_argument("--ef-search", type=int, default=128, help="hnsw: search breadth")
     serve.add_argument("--bm25-backend", default="auto", choices=("auto", "numba", "numpy"),

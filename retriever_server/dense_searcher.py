@@ -5,15 +5,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FaissIndex, TorchIndex
 from retriever_server.encoders import Encoder, EncoderSpec
 
 
 class DenseSearcher:
+    """Encodes queries (on `options.device`) and searches the vector index the meta names."""
+
     def __init__(self, index_dir: Path, meta: dict, options, num_passages: int):
         if meta["index_type"] == "torch":
-            self._index = TorchIndex(index_dir / EMBEDDINGS_FILE)
+            cpu_only = options.device is not None and options.device.startswith("cpu")
+            self._index = TorchIndex(index_dir / EMBEDDINGS_FILE, devices=[torch.device("cpu")] if cpu_only else None)
         else:
             self._index = FaissIndex(index_dir / FAISS_FILE, nprobe=options.nprobe, ef_search=options.ef_search)
         if self._index.ntotal != num_passages:
@@ -21,7 +25,7 @@ class DenseSearcher:
         self._encoder = Encoder(EncoderSpec(**meta["encoder"]), device=options.device, quantize=options.quantize)
         if self._encoder.dim != self._index.dim:
             raise ValueError(f"encoder gives {self._encoder.dim}-d vectors, the index holds {self._index.dim}-d")
-        self._batch_size = options.query_batch_size
+        self._batch_size = options.query_batch_size or (16 if self._encoder.device.type == "cpu" else 256)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         return self._index.search(self._encoder.encode_queries(queries, self._batch_size), k)

@@ -42,7 +42,7 @@ class LoadOptions:
 
     device: str | None = None
     quantize: str | None = None
-    query_batch_size: int = 64
+    query_batch_size: int | None = None  # None: 16 on CPU (fastest per query there), 256 on GPU
     nprobe: int = 32
     ef_search: int = 128
     threads: int = 2
