@@ -41,8 +41,8 @@ def _gloo_only_process_group(distributed: ModuleType) -> None:
 
 def _fsdp2_engines_on_cpu(transformer_impl: ModuleType) -> None:
     # The FSDP engines are registered for devices cuda and npu only. FSDP2 (fully_shard) runs on CPU
-    # with gloo; FSDP1 does not (transformer_impl.py:441-444 passes an integer `device_id`), so only
-    # `strategy=fsdp2` is registered for "cpu" and `strategy=fsdp` fails with verl's own error.
+    # with gloo; FSDP1's wrapper (transformer_impl.py:441-444) failed on CPU in the probe of issue 3,
+    # so only `strategy=fsdp2` is registered for "cpu" and `strategy=fsdp` fails with verl's own error.
     from verl.workers.engine.base import EngineRegistry
 
     EngineRegistry.register(model_type="language_model", backend="fsdp2", device="cpu")(
