@@ -88,7 +88,9 @@ def test_reward_curve_summary_png_and_json(tmp_path, capsys):
     )
     assert reward_curve_main([str(metrics), "--png", str(tmp_path / "curve.png"), "--window", "2"]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
-    assert last == pytest.approx({"steps": 6, "reward_first": 0.05, "reward_last": 0.6, "seconds_per_step": 4.8})
+    assert last == pytest.approx(
+        {"steps": 6, "reward_first": 0.05, "reward_last": 0.6, "reward_gain": 0.55, "seconds_per_step": 4.8}
+    )
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
     with pytest.raises(ValueError, match="at least 4 logged steps"):
         summary([{"critic/score/mean": 0.0, "timing_s/step": 1.0}], window=2)

@@ -1,8 +1,8 @@
 """Reward per training step from verl's file logger (`trainer.logger=[...,'file']`), as text, PNG and JSON.
 
 `python -m verl_memagent.cpu.reward_curve metrics.jsonl --png curve.png` prints one line per step,
-saves the curve, and ends with one JSON object: mean reward over the first and last `--window` steps
-and the mean seconds per step after the first (which includes warm-up).
+saves the curve, and ends with one JSON object: mean reward over the first and last `--window` steps,
+their difference, and the mean seconds per step after the first (which includes warm-up).
 """
 
 from __future__ import annotations
@@ -29,6 +29,7 @@ def summary(steps: list[dict], window: int) -> dict:
         "steps": len(steps),
         "reward_first": sum(rewards[:window]) / window,
         "reward_last": sum(rewards[-window:]) / window,
+        "reward_gain": (sum(rewards[-window:]) - sum(rewards[:window])) / window,
         "seconds_per_step": sum(timed) / len(timed),
     }
 
