@@ -42,7 +42,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--max-query-chars", type=int, default=4096)
     serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
     serve.add_argument("--max-batch", type=int, default=256, help="queries per shared encoder/index batch")
-    serve.add_argument("--max-wait-ms", type=float, default=2.0, help="wait for more queries before a batch")
+    serve.add_argument("--max-wait-ms", type=float, default=0.0, help="wait for more queries before a batch")
     serve.add_argument("--cache-size", type=int, default=100_000, help="LRU entries (0 disables the cache)")
     serve.add_argument("--token-env", help="name of an environment variable holding a bearer token to require")
     serve.add_argument("--device", help="dense: torch device of the query encoder / torch index")

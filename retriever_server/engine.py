@@ -47,7 +47,7 @@ class SearchEngine:
         *,
         depth: int,
         max_batch: int = 256,
-        max_wait_ms: float = 2.0,
+        max_wait_ms: float = 0.0,
         cache_size: int = 100_000,
     ):
         if depth < 1 or max_batch < 1 or max_wait_ms < 0 or cache_size < 0:

@@ -23,7 +23,7 @@ def serve(
     limits: ServerLimits | None = None,
     load: LoadOptions | None = None,
     max_batch: int = 256,
-    max_wait_ms: float = 2.0,
+    max_wait_ms: float = 0.0,
     cache_size: int = 100_000,
     port_file: Path | None = None,
     log_level: str = "warning",
