@@ -17,17 +17,8 @@ verl-memagent tiny-model --out "$WORK/model" --seed "$SEED" >/dev/null
 python -m verl_memagent.cpu.codes_task task --out "$WORK/task" --seed "$SEED" --base-corpus "$ROOT/data/corpus.jsonl" >/dev/null
 python -m retriever_server build --kind bm25 --corpus "$WORK/task/corpus.jsonl" --out "$WORK/bm25" >/dev/null
 
-rm -f "$WORK/retriever.port"
-python -m retriever_server serve --index "$WORK/bm25" --port 0 --port-file "$WORK/retriever.port" \
-  >"$WORK/retriever.log" 2>&1 &
-RETRIEVER_PID=$!
-trap 'kill "$RETRIEVER_PID" 2>/dev/null || true' EXIT
-for _ in $(seq 120); do
-  [ -s "$WORK/retriever.port" ] && curl -sf "http://127.0.0.1:$(cat "$WORK/retriever.port")/health" >/dev/null && break
-  kill -0 "$RETRIEVER_PID" 2>/dev/null || { cat "$WORK/retriever.log" >&2; exit 1; }
-  sleep 0.5
-done
-export MEMAGENT_RETRIEVER_URL="http://127.0.0.1:$(cat "$WORK/retriever.port")"
+source "$HERE/retriever.sh"
+start_retriever "$WORK/bm25" "$WORK"
 
 python -m verl_memagent.cpu.codes_task warm-start --model "$WORK/model" --out "$WORK/model_warm" \
   --demos "$WORK/task/demos.jsonl" --retriever "$MEMAGENT_RETRIEVER_URL" \

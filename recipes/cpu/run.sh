@@ -25,17 +25,8 @@ QA=${QA:-$ROOT/data/qa_multihop.jsonl}
 [ -f "$CACHE/bm25/meta.json" ] || python -m retriever_server build --kind bm25 --corpus "$ROOT/data/corpus.jsonl" \
   --out "$CACHE/bm25" >/dev/null
 
-rm -f "$WORK/retriever.port"
-python -m retriever_server serve --index "$CACHE/bm25" --port 0 --port-file "$WORK/retriever.port" \
-  >"$WORK/retriever.log" 2>&1 &
-RETRIEVER_PID=$!
-trap 'kill "$RETRIEVER_PID" 2>/dev/null || true' EXIT
-for _ in $(seq 120); do
-  [ -s "$WORK/retriever.port" ] && curl -sf "http://127.0.0.1:$(cat "$WORK/retriever.port")/health" >/dev/null && break
-  kill -0 "$RETRIEVER_PID" 2>/dev/null || { cat "$WORK/retriever.log" >&2; exit 1; }
-  sleep 0.5
-done
-export MEMAGENT_RETRIEVER_URL="http://127.0.0.1:$(cat "$WORK/retriever.port")"
+source "$HERE/retriever.sh"
+start_retriever "$CACHE/bm25" "$WORK"
 
 verl-memagent prepare --input "$QA" --agent "$AGENT" --out "$WORK/train.parquet" --seed 0 "${PREPARE[@]}"
 

@@ -18,7 +18,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from verl_memagent.algo.estimators import Advantages, TrajectoryLayout, multi_context_gae, multi_context_grpo
-from verl_memagent.cpu.import_hooks import when_imported
+from verl_memagent.import_hooks import when_imported
 
 GRPO, GAE = "multi_context_grpo", "multi_context_gae"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")

@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 
-from verl_memagent.cpu.import_hooks import when_imported
+from verl_memagent.import_hooks import when_imported
 
 
 @dataclass(frozen=True)

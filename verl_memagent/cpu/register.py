@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 
 from verl_memagent.cpu import patches, platform
-from verl_memagent.cpu.import_hooks import when_imported
+from verl_memagent.import_hooks import when_imported
 
 HF_SERVER_ADAPTER = "verl_memagent.cpu.hf_rollout.HFServerAdapter"
 
