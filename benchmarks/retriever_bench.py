@@ -40,6 +40,8 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel
 
+from retriever_server.process import ServerProcess, serve_command
+
 REPO = Path(__file__).resolve().parent.parent
 TOPK = 3
 LEVELS = [(1, 1), (8, 1), (64, 1), (1, 32), (8, 32), (64, 32)]  # (concurrency, queries per request)
@@ -103,50 +105,13 @@ def naive_serve(index_dir: Path, port_file: Path, threads: int) -> None:
 # ---------------------------------------------------------------- processes and load
 
 
-class Server:
-    def __init__(self, command: list[str], label: str):
-        self.label = label
-        work = Path(tempfile.mkdtemp())
-        port_file = work / "port"
-        self.log = work / "log"
-        with self.log.open("wb") as log:
-            env = {**os.environ, "HF_HUB_OFFLINE": "1"}
-            self.process = subprocess.Popen([*command, "--port-file", str(port_file)], cwd=REPO, env=env, stderr=log)
-        deadline = time.monotonic() + 900
-        while time.monotonic() < deadline:
-            if self.process.poll() is not None:
-                raise RuntimeError(f"{label} exited: {self.log.read_text()[-2000:]}")
-            if port_file.is_file() and port_file.read_text():
-                self.url = f"http://127.0.0.1:{port_file.read_text()}"
-                try:
-                    import httpx
-
-                    if httpx.get(f"{self.url}/health", timeout=5).status_code == 200:
-                        return
-                except httpx.TransportError:
-                    pass
-            time.sleep(0.3)
-        raise RuntimeError(f"{label} did not become ready")
-
-    def peak_rss_mb(self) -> float:
-        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
-            if line.startswith("VmHWM:"):
-                return round(int(line.split()[1]) / 1024, 1)
-        return float("nan")
-
-    def stop(self) -> None:
-        if self.process.poll() is None:
-            self.process.terminate()
-            self.process.wait(timeout=60)
+def ours(index_dir: Path, threads: int, *args: str) -> ServerProcess:
+    return ServerProcess(serve_command(index_dir, "--threads", str(threads), *args), timeout_s=900, cwd=REPO)
 
 
-def ours(index_dir: Path, threads: int, *args: str) -> Server:
-    command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0"]
-    return Server([*command, "--threads", str(threads), *args], "ours")
-
-
-def naive(index_dir: Path, threads: int) -> Server:
-    return Server([sys.executable, __file__, "--naive-serve", str(index_dir), "--threads", str(threads)], "naive")
+def naive(index_dir: Path, threads: int) -> ServerProcess:
+    command = [sys.executable, __file__, "--naive-serve", str(index_dir), "--threads", str(threads)]
+    return ServerProcess(command, timeout_s=900, cwd=REPO)
 
 
 async def drive(url: str, bodies: list[list[str]], concurrency: int) -> dict:
@@ -194,7 +159,7 @@ def recall_at_k(results: list, bodies: list[list[str]], gold: dict[str, list[str
     return round(float(np.mean(found)), 4)
 
 
-def levels(servers: dict[str, Server], questions: list[str], gold: dict, report: dict) -> None:
+def levels(servers: dict[str, ServerProcess], questions: list[str], gold: dict, report: dict) -> None:
     """The concurrency x batch-size grid on unique queries, each level run on every server in turn
     (so both see the same machine load); recall@3 from the c64 x 1 level, which sends every question."""
     for concurrency, per_request in LEVELS:
@@ -210,7 +175,7 @@ def levels(servers: dict[str, Server], questions: list[str], gold: dict, report:
             print(f"{key:28s} {json.dumps(report[key])}", flush=True)
 
 
-def rollout(servers: dict[str, Server], questions: list[str], report: dict, n: int = 5) -> None:
+def rollout(servers: dict[str, ServerProcess], questions: list[str], report: dict, n: int = 5) -> None:
     """Each question sent by n trajectories (one query per request, concurrency 64), shuffled."""
     bodies = [[q] for q in questions for _ in range(n)]
     random.Random(0).shuffle(bodies)
@@ -349,7 +314,7 @@ def bm25_inprocess(index_dir: Path, questions: list[str], report: dict) -> None:
     print(f"{'bm25 (in process)':28s} {json.dumps(report['bm25_inprocess'])}", flush=True)
 
 
-def soak(server: Server, questions: list[str], requests: int, report: dict) -> None:
+def soak(server: ServerProcess, questions: list[str], requests: int, report: dict) -> None:
     bodies = [[f"{questions[i % len(questions)]} {i % 997}"] for i in range(requests)]
     stats = asyncio.run(drive(server.url, bodies, 64))
     report["soak"] = {"requests": requests, **{k: v for k, v in stats.items() if k != "results"}}
@@ -424,7 +389,7 @@ def main() -> None:
             encoder_ceiling(questions, args.threads, report, "encoder_before_levels")
         with contextlib.ExitStack() as running:  # every server started here is stopped on any exit
 
-            def start(server: Server) -> Server:
+            def start(server: ServerProcess) -> ServerProcess:
                 running.callback(server.stop)
                 return server
 

@@ -1,0 +1,63 @@
+"""Run a retriever server as a child process on a free loopback port and wait until it is ready.
+
+Tests, benchmarks and scripts start servers the same way: the command gets `--port-file FILE`
+(with `--port 0` the server binds a free port and writes it there), and the server counts as up
+once `GET /health` answers 200. The child's stderr goes to a log file that start-up errors quote.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+
+def serve_command(index_dir: str | os.PathLike, *args: str) -> list[str]:
+    """`python -m retriever_server serve` on a free port for `index_dir`, with extra serve options."""
+    return [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0", *args]
+
+
+class ServerProcess:
+    """A server child process; `url` is set once it answers `/health`. Stop it with `stop()`."""
+
+    def __init__(self, command: list[str], *, timeout_s: float = 180.0, cwd: str | os.PathLike | None = None):
+        work = Path(tempfile.mkdtemp(prefix="retriever_"))
+        port_file, self.log = work / "port", work / "server.log"
+        env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen([*command, "--port-file", str(port_file)], env=env, cwd=cwd, stderr=log)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
+            if port_file.is_file() and port_file.read_text():
+                self.url = f"http://127.0.0.1:{port_file.read_text()}"
+                if self._healthy():
+                    return
+            time.sleep(0.2)
+        self.stop()
+        raise RuntimeError(f"server not ready after {timeout_s} s: {self.log.read_text()[-2000:]}")
+
+    def _healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
+                return response.status == 200
+        except (urllib.error.URLError, OSError):
+            return False
+
+    def peak_rss_mb(self) -> float:
+        """The child's peak resident memory (Linux /proc), in MB."""
+        for line in Path(f"/proc/{self.process.pid}/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return round(int(line.split()[1]) / 1024, 1)
+        return float("nan")
+
+    def stop(self) -> None:
+        if self.process.poll() is None:
+            self.process.terminate()
+            self.process.wait(timeout=60)
