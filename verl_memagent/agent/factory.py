@@ -8,6 +8,7 @@ same with the same arguments, so what runs here is what runs in training.
 from __future__ import annotations
 
 import os
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -30,6 +31,12 @@ def verl_trainer_config(**rollout_overrides: Any) -> DictConfig:
     return config
 
 
+@cache
+def _dataset_class(custom_path: str | None, custom_name: str | None) -> type:
+    """verl's dataset class for `data.custom_cls`, resolved once (eval builds one loop per question)."""
+    return get_dataset_class(OmegaConf.create({"custom_cls": {"path": custom_path, "name": custom_name}}))
+
+
 def agent_loop_entry(name: str, path: str | os.PathLike = AGENT_LOOPS_YAML) -> DictConfig:
     """The entry `name` of an agent-loop YAML, as verl's worker reads it."""
     for entry in OmegaConf.load(path):
@@ -49,6 +56,7 @@ def instantiate_agent_loop(
 ):
     """The agent loop `name` from `path`, with `settings` overriding the entry's, built like verl builds it."""
     entry = OmegaConf.merge(agent_loop_entry(name, path), settings)
+    custom = trainer_config.data.get("custom_cls") or {}
     return hydra.utils.instantiate(
         config=entry,
         trainer_config=DictConfigWrap(config=trainer_config),
@@ -56,7 +64,7 @@ def instantiate_agent_loop(
         tokenizer=tokenizer,
         processor=None,
         hf_model_type=hf_model_type,
-        dataset_cls=get_dataset_class(trainer_config.data),
+        dataset_cls=_dataset_class(custom.get("path"), custom.get("name")),
         data_config=DictConfigWrap(trainer_config.data),
         tools=ToolListWrap([]),
     )
