@@ -134,12 +134,20 @@ def create_app(limits: ServerLimits) -> FastAPI:
             raise HTTPException(422, f"{topk_field}: {topk} is outside 1..{limits.topk_max}")
         return topk
 
-    async def run(queries: list[str], endpoint: str) -> list[Hits]:
+    async def run(
+        queries: list[str], topk: int | None, fields: tuple[str, str], endpoint: str
+    ) -> tuple[int, list[Hits]]:
+        """Validate (queries, topk) under the endpoint's field names, then search: (topk, hits per query)."""
+        topk = check(queries, topk, *fields)
         engine: SearchEngine | None = app.state.engine
         if engine is None:
             raise HTTPException(503, "index: still loading; retry when GET /health says ready")
         metrics.requests[endpoint] = metrics.requests.get(endpoint, 0) + 1
-        return await engine.search(queries)
+        return topk, await engine.search(queries)
+
+    def respond(started: float, payload) -> Response:
+        metrics.latencies_ms.append((time.perf_counter() - started) * 1000)
+        return _json(payload)
 
     def documents(hits: Hits, topk: int, with_scores: bool, nested: bool) -> list[dict]:
         store = app.state.engine.searcher.store
@@ -158,31 +166,22 @@ def create_app(limits: ServerLimits) -> FastAPI:
     async def retrieve(request: Request) -> Response:
         started = time.perf_counter()
         body: RetrieveRequest = await parse(request, RetrieveRequest)
-        topk = check(body.queries, body.topk, "queries", "topk")
-        results = await run(body.queries, "retrieve")
-        payload = {"result": [documents(h, topk, body.return_scores, nested=True) for h in results]}
-        metrics.latencies_ms.append((time.perf_counter() - started) * 1000)
-        return _json(payload)
+        topk, results = await run(body.queries, body.topk, ("queries", "topk"), "retrieve")
+        return respond(started, {"result": [documents(h, topk, body.return_scores, nested=True) for h in results]})
 
     @app.post("/search", dependencies=[Depends(authorize)])
     async def search(request: Request) -> Response:
         started = time.perf_counter()
         body: SearchRequest = await parse(request, SearchRequest)
-        topk = check([body.query], body.top_n, "query", "top_n")
-        (hits,) = await run([body.query], "search")
-        payload = documents(hits, topk, body.return_score, nested=False)
-        metrics.latencies_ms.append((time.perf_counter() - started) * 1000)
-        return _json(payload)
+        topk, (hits,) = await run([body.query], body.top_n, ("query", "top_n"), "search")
+        return respond(started, documents(hits, topk, body.return_score, nested=False))
 
     @app.post("/batch_search", dependencies=[Depends(authorize)])
     async def batch_search(request: Request) -> Response:
         started = time.perf_counter()
         body: BatchSearchRequest = await parse(request, BatchSearchRequest)
-        topk = check(body.query, body.top_n, "query", "top_n")
-        results = await run(body.query, "batch_search")
-        payload = [documents(h, topk, body.return_score, nested=False) for h in results]
-        metrics.latencies_ms.append((time.perf_counter() - started) * 1000)
-        return _json(payload)
+        topk, results = await run(body.query, body.top_n, ("query", "top_n"), "batch_search")
+        return respond(started, [documents(h, topk, body.return_score, nested=False) for h in results])
 
     @app.get("/health")
     async def health() -> Response:
