@@ -8,7 +8,7 @@ import sys
 from pathlib import Path
 
 from retriever_server.corpus import CorpusError
-from retriever_server.index import KINDS, DenseOptions, IndexLoadError, LoadOptions
+from retriever_server.index import KINDS, QUANTIZE_CHOICES, DenseOptions, IndexLoadError, LoadOptions
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -29,6 +29,9 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--batch-size", type=int, default=64, help="dense: passages per encoder batch")
     build.add_argument("--device", help="dense: torch device for encoding (default: cuda if present)")
+    build.add_argument("--query-quantize", default="int8", choices=QUANTIZE_CHOICES,
+                       help="dense: query encoder of CPU servers (int8: ~2.8x fp32, recall@3 within 0.2 points; "
+                            "passages are encoded in full precision either way)")  # fmt: skip
     build.add_argument("--threads", type=int, default=os.cpu_count() or 1)
 
     serve = commands.add_parser("serve", help="serve an index over HTTP")
@@ -46,7 +49,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--cache-size", type=int, default=100_000, help="LRU entries (0 disables the cache)")
     serve.add_argument("--token-env", help="name of an environment variable holding a bearer token to require")
     serve.add_argument("--device", help="dense: torch device of the query encoder / torch index")
-    serve.add_argument("--quantize", choices=("int8",), help="dense on CPU: int8 dynamic quantisation of the encoder")
+    serve.add_argument("--quantize", choices=QUANTIZE_CHOICES,
+                       help="dense: CPU query encoder, int8 or none (fp32); default: as built")  # fmt: skip
     serve.add_argument("--query-batch-size", type=int, help="dense: queries per forward pass (16 on CPU, 256 on GPU)")
     serve.add_argument("--nprobe", type=int, default=32, help="ivfpq: lists probed per query")
     serve.add_argument("--ef-search", type=int, default=128, help="hnsw: search breadth")
@@ -63,7 +67,13 @@ def _build(args: argparse.Namespace) -> int:
         if not args.encoder:
             raise ValueError("--kind dense needs --encoder (a local model directory or a hub name)")
         dense = DenseOptions(
-            args.encoder, args.family, args.index_type, args.prebuilt_faiss, args.batch_size, args.device
+            args.encoder,
+            args.family,
+            args.index_type,
+            args.prebuilt_faiss,
+            args.batch_size,
+            args.device,
+            args.query_quantize,
         )
     from retriever_server.index import build_index
 

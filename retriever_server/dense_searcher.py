@@ -22,10 +22,19 @@ class DenseSearcher:
             self._index = FaissIndex(index_dir / FAISS_FILE, nprobe=options.nprobe, ef_search=options.ef_search)
         if self._index.ntotal != num_passages:
             raise ValueError(f"vector index holds {self._index.ntotal} vectors for {num_passages} passages")
-        self._encoder = Encoder(EncoderSpec(**meta["encoder"]), device=options.device, quantize=options.quantize)
+        spec = EncoderSpec(**meta["encoder"])
+        self._encoder = Encoder(spec, device=options.device, quantize=_quantize(meta, options))
         if self._encoder.dim != self._index.dim:
             raise ValueError(f"encoder gives {self._encoder.dim}-d vectors, the index holds {self._index.dim}-d")
         self._batch_size = options.query_batch_size or (16 if self._encoder.device.type == "cpu" else 256)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         return self._index.search(self._encoder.encode_queries(queries, self._batch_size), k)
+
+
+def _quantize(meta: dict, options) -> str:
+    """`--quantize` if given, else the index's `query_quantize` on CPU (passages are always fp32)."""
+    if options.quantize is not None:
+        return options.quantize
+    on_gpu = (options.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
+    return "none" if on_gpu else meta.get("query_quantize", "none")

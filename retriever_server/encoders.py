@@ -4,13 +4,14 @@
 - bge (`BAAI/bge-*`): CLS pooling, normalisation, an instruction before queries only.
 - sentence-transformers models (a `modules.json` beside the weights): pooling, normalisation,
   maximum length and prompts as their config files say.
-Anything else: mean pooling and normalisation. Batches are formed from texts of similar length
-(fewer pad tokens), run under `torch.inference_mode`, fp16 on GPU; on CPU optionally int8
-(dynamic quantisation of the linear layers).
+Anything else: mean pooling and normalisation. Batches are formed from texts of the same padded
+length (few pad tokens, vectors independent of the batch), run under `torch.inference_mode`, fp16
+on GPU; on CPU optionally int8 (`quantize.py`: about 2.5x fp32 at the same recall).
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
@@ -20,7 +21,11 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from retriever_server.index import QUANTIZE_CHOICES
+from retriever_server.quantize import quantize_int8
+
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
+PAD_MULTIPLE = 8  # texts are padded to a multiple of this many tokens (see Encoder._encode)
 
 
 @dataclass(frozen=True)
@@ -87,14 +92,16 @@ class Encoder:
 
         self.spec = spec
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        if quantize not in (None, *QUANTIZE_CHOICES):
+            raise ValueError(f"quantize: expected one of {QUANTIZE_CHOICES}, got {quantize!r}")
+        if quantize == "int8" and self.device.type != "cpu":
+            raise ValueError("quantize: int8 runs on CPU only (the GPU encoder runs in fp16); use --quantize none")
         self._tokenizer = AutoTokenizer.from_pretrained(spec.model)
         model = AutoModel.from_pretrained(spec.model).eval()
         if self.device.type == "cuda":
             model = model.half()
         elif quantize == "int8":
-            model = torch.ao.quantization.quantize_dynamic(model, {torch.nn.Linear}, dtype=torch.qint8)
-        elif quantize is not None:
-            raise ValueError(f"quantize: expected None or 'int8', got {quantize!r}")
+            model = quantize_int8(model)
         self._model = model.to(self.device)
         self.dim = int(self._model.config.hidden_size)
 
@@ -105,17 +112,23 @@ class Encoder:
         return self._encode([self.spec.passage_prefix + p for p in passages], batch_size, self.spec.max_length)
 
     def _encode(self, texts: list[str], batch_size: int, max_length: int) -> np.ndarray:
-        """Float32 [len(texts), dim]; texts are batched by similar length, output in input order."""
+        """Float32 [len(texts), dim], in input order. Each text is padded to the next multiple of
+        `PAD_MULTIPLE` tokens and batched only with texts padded alike, so its vector does not depend
+        on its batch (bitwise, even int8) and few pad tokens are computed."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        order = sorted(range(len(texts)), key=lambda i: len(texts[i]))
-        for start in range(0, len(order), batch_size):
-            chunk = order[start : start + batch_size]
-            out[chunk] = self._embed_batch([texts[i] for i in chunk], max_length)
+        tokens = self._tokenizer(texts, truncation=True, max_length=max_length)
+        padded = [-(-len(ids) // PAD_MULTIPLE) for ids in tokens["input_ids"]]
+        order = sorted(range(len(texts)), key=padded.__getitem__)
+        for _, same in itertools.groupby(order, key=padded.__getitem__):
+            same = list(same)
+            for start in range(0, len(same), batch_size):
+                chunk = same[start : start + batch_size]
+                out[chunk] = self._embed_batch({key: [values[i] for i in chunk] for key, values in tokens.items()})
         return out
 
     @torch.inference_mode()
-    def _embed_batch(self, texts: list[str], max_length: int) -> np.ndarray:
-        inputs = self._tokenizer(texts, padding=True, truncation=True, max_length=max_length, return_tensors="pt")
+    def _embed_batch(self, tokens: dict[str, list[list[int]]]) -> np.ndarray:
+        inputs = self._tokenizer.pad(tokens, pad_to_multiple_of=PAD_MULTIPLE, return_tensors="pt")
         inputs = {key: value.to(self.device) for key, value in inputs.items()}
         hidden = self._model(**inputs).last_hidden_state
         if self.spec.pooling == "cls":

@@ -18,6 +18,7 @@ from retriever_server.corpus import CorpusError, CorpusStore, build_store
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
 KINDS = ("bm25", "dense", "pyserini")
+QUANTIZE_CHOICES = ("none", "int8")  # how a CPU server runs the query encoder: fp32, or int8 (encoders.py)
 
 
 class IndexLoadError(RuntimeError):
@@ -34,6 +35,7 @@ class DenseOptions:
     prebuilt_faiss: Path | None = None
     batch_size: int = 64
     device: str | None = None
+    query_quantize: str = "int8"  # how a CPU server runs the query encoder (meta `query_quantize`)
 
 
 @dataclass
@@ -41,7 +43,7 @@ class LoadOptions:
     """Serve-time options: where to run the encoder and how hard approximate indexes search."""
 
     device: str | None = None
-    quantize: str | None = None
+    quantize: str | None = None  # None: as the index's meta says ("none" for indexes built before it did)
     query_batch_size: int | None = None  # None: 16 on CPU (fastest per query there), 256 on GPU
     nprobe: int = 32
     ef_search: int = 128
@@ -97,8 +99,10 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, show_
 
     if options.index_type not in INDEX_KINDS:
         raise ValueError(f"--index-type: expected one of {INDEX_KINDS}, got {options.index_type!r}")
+    if options.query_quantize not in QUANTIZE_CHOICES:
+        raise ValueError(f"--query-quantize: expected one of {QUANTIZE_CHOICES}, got {options.query_quantize!r}")
     spec = resolve_spec(options.encoder, options.family)
-    meta = {"index_type": options.index_type, "encoder": spec.to_json()}
+    meta = {"index_type": options.index_type, "encoder": spec.to_json(), "query_quantize": options.query_quantize}
     if options.prebuilt_faiss is not None:
         prebuilt = FaissIndex(Path(options.prebuilt_faiss).resolve())
         if prebuilt.ntotal != len(store):

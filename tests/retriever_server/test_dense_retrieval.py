@@ -17,8 +17,11 @@ import numpy as np
 import pytest
 import torch
 
+from retriever_server.corpus import CorpusStore
 from retriever_server.dense import EMBEDDINGS_FILE, FaissIndex, TorchIndex, build_faiss
 from retriever_server.encoders import BGE_QUERY_INSTRUCTION, Encoder, resolve_spec
+from retriever_server.index import LoadOptions, Searcher
+from retriever_server.quantize import Int8Linear
 
 N_QUESTIONS, N_PASSAGES = 40, 300
 
@@ -83,6 +86,63 @@ def test_encoder_matches_sentence_transformers_in_input_order(minilm_dir, subset
     reference = SentenceTransformer(minilm_dir, device="cpu").encode(texts, batch_size=8, normalize_embeddings=True)
     np.testing.assert_allclose(ours, reference, atol=2e-5)
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+def test_int8_linear_is_the_hand_quantised_product_row_by_row():
+    weight = np.array([[1.2, -2.0, 0.5, 0.0], [0.1, 0.25, -0.4, 0.3], [3.3, 0.0, 0.0, -6.0]])
+    bias = np.array([0.5, -1.0, 2.0])
+    x = np.array([[0.3, -1.27, 0.7, 0.2], [10.0, 4.0, -2.5, 1.0]])
+    linear = torch.nn.Linear(4, 3).requires_grad_(False)
+    linear.weight.copy_(torch.tensor(weight)), linear.bias.copy_(torch.tensor(bias))
+    # weights per output channel: max |w| -> 127; each row of x: max |x| -> 127; int32 products
+    w_scale, x_scale = np.array([2.0, 0.4, 6.0]) / 127, np.array([1.27, 10.0]) / 127
+    w_int, x_int = np.round(weight / w_scale[:, None]), np.round(x / x_scale[:, None])
+    expected = (x_int @ w_int.T) * x_scale[:, None] * w_scale + bias
+    x = torch.tensor(x, dtype=torch.float32)
+    quantised = Int8Linear(linear)
+    np.testing.assert_allclose(quantised(x).numpy(), expected, rtol=1e-6, atol=1e-6)
+    np.testing.assert_allclose(quantised(x).numpy(), linear(x).numpy(), atol=0.1)
+    # a row's output does not depend on the other rows (torch's dynamic quantisation: it does)
+    np.testing.assert_array_equal(quantised(x[:1]).numpy(), quantised(x).numpy()[:1])
+    # 7-bit weights for CPUs without VNNI; leading dimensions are kept
+    assert int(Int8Linear(linear, weight_max=63).weight.abs().max()) == 63
+    assert quantised(torch.randn(2, 5, 4)).shape == (2, 5, 3)
+
+
+def test_int8_query_encoder_keeps_the_fp32_rankings(minilm_dir, subset, torch_index):
+    """Queries encoded int8 against fp32 passage vectors: close to the fp32 query vectors, the same
+    whatever the batch, and the same supporting-passage recall."""
+    spec, questions = resolve_spec(minilm_dir), subset[1]
+    texts = [q["question"] for q in questions]
+    fp32 = Encoder(spec, device="cpu").encode_queries(texts, batch_size=16)
+    int8 = Encoder(spec, device="cpu", quantize="int8")
+    batched, single = int8.encode_queries(texts, batch_size=16), int8.encode_queries(texts, batch_size=1)
+    assert np.sum(fp32 * batched, axis=1).min() >= 0.99
+    np.testing.assert_array_equal(single, batched)  # each text padded alike, whatever its batch
+    index, store = TorchIndex(torch_index / EMBEDDINGS_FILE), CorpusStore(torch_index / "corpus")
+    recall = {}
+    for name, vectors in (("fp32", fp32), ("int8", batched)):
+        rows, _ = index.search(vectors, 3)
+        recall[name] = np.mean([len(set(q["supporting_ids"]) & {store.doc_id(r) for r in rs}) / len(q["supporting_ids"])
+                                for q, rs in zip(questions, rows.tolist(), strict=True)])  # fmt: skip
+    assert abs(recall["int8"] - recall["fp32"]) <= 0.02, recall
+    with pytest.raises(ValueError, match="int8 runs on CPU only"):
+        Encoder(spec, device="cuda", quantize="int8")
+    with pytest.raises(ValueError, match="quantize: expected one of"):
+        Encoder(spec, device="cpu", quantize="int4")
+
+
+def test_the_index_meta_chooses_the_cpu_query_encoder(minilm_dir, subset, torch_index):
+    """`build --query-quantize` (default int8) is stored in meta.json; `serve` follows it unless told."""
+    assert json.loads((torch_index / "meta.json").read_text())["dense"]["query_quantize"] == "int8"
+    texts = [q["question"] for q in subset[1][:8]]
+    index = TorchIndex(torch_index / EMBEDDINGS_FILE)
+    for load, quantize in ((LoadOptions(device="cpu"), "int8"), (LoadOptions(device="cpu", quantize="none"), "none")):
+        encoder = Encoder(resolve_spec(minilm_dir), device="cpu", quantize=quantize)
+        expected_rows, expected_scores = index.search(encoder.encode_queries(texts, batch_size=16), 5)
+        rows, scores = Searcher(torch_index, load).search(texts, 5)
+        np.testing.assert_array_equal(rows, expected_rows)
+        np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
 
 
 def test_faiss_kinds_agree_with_the_exact_torch_index(torch_index, tmp_path):
