@@ -7,9 +7,11 @@ every gold passage of the multi-hop questions plus distractors, `--dense-passage
   - naive: the same index and encoder behind a FastAPI endpoint that serves one request at a time,
            no batching, no cache (how Search-R1's server works, made thread-safe with a lock),
 and drives both over HTTP (aiohttp, this process) at concurrency 1, 8, 64 with 1 and 32 queries per
-request, topk 3, level by level in turn so both see the same machine load. Then: the int8 encoder,
-a rollout-shaped load (each question sent by 5 trajectories), the encoder's in-process ceiling
-(per-query, batched, int8; measured before and after the dense levels, averaged), a soak of
+request, topk 3, level by level in turn so all see the same machine load. For dense, ours runs
+twice: with the fp32 query encoder (`--quantize none`, as the naive server) and the int8 one
+(`--quantize int8`). Then: a rollout-shaped load (each question sent by 5 trajectories), each
+encoder's in-process ceiling (per-query and batched, fp32 and int8; measured before and after the
+dense levels, averaged), a soak of
 `--soak-requests` at concurrency 64, and a BM25 scale run on a synthetic corpus of
 `--scale-passages` passages (build time, RSS, qps). Both servers and the ceiling use `--threads`
 torch threads (1 by default: on a shared 2-core machine a second thread mostly waits). Everything
@@ -44,6 +46,8 @@ from retriever_server.process import ServerProcess, serve_command
 
 REPO = Path(__file__).resolve().parent.parent
 TOPK = 3
+# our dense server twice: label -> serve flags (the naive server runs fp32, as Search-R1's)
+DENSE_VARIANTS = {"dense": ["--quantize", "none"], "dense_int8": ["--quantize", "int8"]}
 LEVELS = [(1, 1), (8, 1), (64, 1), (1, 32), (8, 32), (64, 32)]  # (concurrency, queries per request)
 
 
@@ -72,10 +76,10 @@ def naive_serve(index_dir: Path, port_file: Path, threads: int) -> None:
     import uvicorn
     from fastapi import FastAPI
 
-    from retriever_server.index import Searcher
+    from retriever_server.index import LoadOptions, Searcher
 
     torch.set_num_threads(threads)
-    searcher = Searcher(index_dir)
+    searcher = Searcher(index_dir, LoadOptions(quantize="none"))  # Search-R1's encoder: fp32
     searcher.search(["warm up"], TOPK)  # first-call costs (numba compilation) before serving, as ours does
     lock = threading.Lock()
     app = FastAPI()
@@ -252,50 +256,33 @@ def synthetic_corpus(work: Path, size: int, seed: int = 0) -> tuple[Path, list[t
 
 
 def encoder_ceiling(questions: list[str], threads: int, report: dict, key: str) -> None:
-    """In-process encoder throughput: one query per call (no batching), batched by similar length
-    (the best batch size is the ceiling), and batched int8."""
+    """In-process throughput of each query encoder (fp32, int8): one query per call (no batching)
+    and batched (the best batch size is its ceiling)."""
     import torch
 
     from retriever_server.encoders import Encoder, resolve_spec
 
     torch.set_num_threads(threads)
     spec = resolve_spec(minilm_dir())
-    fp32 = Encoder(spec, device="cpu")
-    sample = questions[:48]
-    started = time.perf_counter()
-    for q in sample:
-        fp32.encode_queries([q], batch_size=1)
-    per_query = len(sample) / (time.perf_counter() - started)
-    best = {}
-    for batch in (8, 16, 32, 64, 128):
+    report[key] = {"threads": torch.get_num_threads()}
+    for quantize in ("none", "int8"):
+        encoder = Encoder(spec, device="cpu", quantize=quantize)
+        sample = questions[:48]
         started = time.perf_counter()
-        fp32.encode_queries(questions, batch_size=batch)
-        best[batch] = len(questions) / (time.perf_counter() - started)
-    int8 = Encoder(spec, device="cpu", quantize="int8")
-    started = time.perf_counter()
-    int8.encode_queries(questions, batch_size=64)
-    int8_qps = len(questions) / (time.perf_counter() - started)
-    report[key] = {
-        "threads": torch.get_num_threads(),
-        "per_query_qps": round(per_query, 1),
-        "batched_qps": {str(k): round(v, 1) for k, v in best.items()},
-        "ceiling_qps": round(max(best.values()), 1),
-        "int8_batched_qps": round(int8_qps, 1),
-    }
+        for q in sample:
+            encoder.encode_queries([q], batch_size=1)
+        per_query = len(sample) / (time.perf_counter() - started)
+        best = {}
+        for batch in (8, 16, 32, 64, 128):
+            started = time.perf_counter()
+            encoder.encode_queries(questions, batch_size=batch)
+            best[batch] = len(questions) / (time.perf_counter() - started)
+        report[key]["fp32" if quantize == "none" else quantize] = {
+            "per_query_qps": round(per_query, 1),
+            "batched_qps": {str(k): round(v, 1) for k, v in best.items()},
+            "ceiling_qps": round(max(best.values()), 1),
+        }
     print(f"{key:28s} {json.dumps(report[key])}", flush=True)
-
-
-def int8_level(index_dir: Path, threads: int, questions: list[str], gold: dict, report: dict) -> None:
-    """Our server with the int8 encoder at concurrency 64, one query per request: speed and recall."""
-    server = ours(index_dir, threads, "--cache-size", "0", "--quantize", "int8")
-    try:
-        bodies = [[q] for q in questions]
-        stats = asyncio.run(drive(server.url, bodies, 64))
-        stats["recall_at_3"] = recall_at_k(stats.pop("results"), bodies, gold)
-        report["dense_int8_c64_q1"] = stats
-    finally:
-        server.stop()
-    print(f"{'dense_int8_c64_q1':28s} {json.dumps(stats)}", flush=True)
 
 
 def bm25_inprocess(index_dir: Path, questions: list[str], report: dict) -> None:
@@ -393,45 +380,57 @@ def main() -> None:
                 running.callback(server.stop)
                 return server
 
+            variants = DENSE_VARIANTS if kind == "dense" else {kind: []}
             baseline = start(naive(index_dir, args.threads))
-            unique = start(ours(index_dir, args.threads, "--cache-size", "0"))
-            levels({f"naive_{kind}": baseline, kind: unique}, questions, gold, report)
-            report[f"naive_{kind}_peak_rss_mb"], report[f"{kind}_peak_rss_mb"] = (
-                baseline.peak_rss_mb(),
-                unique.peak_rss_mb(),
-            )
-            unique.stop()
+            unique = {label: start(ours(index_dir, args.threads, "--cache-size", "0", *flags))
+                      for label, flags in variants.items()}  # fmt: skip
+            levels({f"naive_{kind}": baseline, **unique}, questions, gold, report)
+            report[f"naive_{kind}_peak_rss_mb"] = baseline.peak_rss_mb()
+            for label, server in unique.items():
+                report[f"{label}_peak_rss_mb"] = server.peak_rss_mb()
+                server.stop()
             if kind == "dense":
                 encoder_ceiling(questions, args.threads, report, "encoder_after_levels")
-                int8_level(index_dir, args.threads, questions, gold, report)
-            cached = start(ours(index_dir, args.threads))  # default settings, cache on: the rollout-shaped load
-            rollout({f"naive_{kind}": baseline, kind: cached}, questions[: args.rollout_questions], report)
+            # default settings otherwise, cache on: the rollout-shaped load
+            cached = {label: start(ours(index_dir, args.threads, *flags)) for label, flags in variants.items()}
+            rollout({f"naive_{kind}": baseline, **cached}, questions[: args.rollout_questions], report)
             if kind == "bm25" and args.soak_requests:
-                soak(cached, questions, args.soak_requests, report)
+                soak(cached[kind], questions, args.soak_requests, report)
     if args.scale_passages:
         scale(work, args.scale_passages, report)
 
     c64 = "_c64_q1"
     encoder = [report["encoder_before_levels"], report["encoder_after_levels"]]  # the machine's load drifts
-    ceiling = round(float(np.mean([e["ceiling_qps"] for e in encoder])), 1)
+
+    def mean(quantize: str, figure: str) -> float:
+        return round(float(np.mean([e[quantize][figure] for e in encoder])), 1)
+
+    ceiling, int8_ceiling = mean("fp32", "ceiling_qps"), mean("int8", "ceiling_qps")
+    naive_c64, naive_rollout = report[f"naive_dense{c64}"]["qps"], report["naive_dense_rollout"]["qps"]
     headline = {
         "dense_qps_c64": report[f"dense{c64}"]["qps"],
         "naive_dense_qps_c64": report[f"naive_dense{c64}"]["qps"],
-        "dense_speedup_c64": round(report[f"dense{c64}"]["qps"] / report[f"naive_dense{c64}"]["qps"], 2),
+        "dense_speedup_c64": round(report[f"dense{c64}"]["qps"] / naive_c64, 2),
         "dense_fraction_of_encoder_ceiling_c64": round(report[f"dense{c64}"]["qps"] / ceiling, 3),
-        "encoder_per_query_qps": round(float(np.mean([e["per_query_qps"] for e in encoder])), 1),
+        "encoder_per_query_qps": mean("fp32", "per_query_qps"),
         "encoder_ceiling_qps": ceiling,
-        "encoder_int8_qps": round(float(np.mean([e["int8_batched_qps"] for e in encoder])), 1),
+        "encoder_int8_per_query_qps": mean("int8", "per_query_qps"),
+        "encoder_int8_ceiling_qps": int8_ceiling,
+        "dense_int8_qps_c64": report[f"dense_int8{c64}"]["qps"],
+        "dense_int8_speedup_c64": round(report[f"dense_int8{c64}"]["qps"] / naive_c64, 2),
+        "dense_int8_fraction_of_int8_ceiling_c64": round(report[f"dense_int8{c64}"]["qps"] / int8_ceiling, 3),
+        "dense_int8_p99_c64_ms": report[f"dense_int8{c64}"]["p99_ms"],
+        "dense_int8_recall_at_3": report[f"dense_int8{c64}"]["recall_at_3"],
+        "dense_int8_rollout_qps": report["dense_int8_rollout"]["qps"],
+        "dense_int8_rollout_speedup": round(report["dense_int8_rollout"]["qps"] / naive_rollout, 2),
         "dense_p99_c64_ms": report[f"dense{c64}"]["p99_ms"],
         "naive_dense_p50_c64_ms": report[f"naive_dense{c64}"]["p50_ms"],
         "dense_qps_c64_q32": report["dense_c64_q32"]["qps"],
         "naive_dense_qps_c64_q32": report["naive_dense_c64_q32"]["qps"],
         "dense_rollout_qps": report["dense_rollout"]["qps"],
         "naive_dense_rollout_qps": report["naive_dense_rollout"]["qps"],
-        "dense_rollout_speedup": round(report["dense_rollout"]["qps"] / report["naive_dense_rollout"]["qps"], 2),
+        "dense_rollout_speedup": round(report["dense_rollout"]["qps"] / naive_rollout, 2),
         "recall_at_3": report[f"dense{c64}"]["recall_at_3"],
-        "dense_int8_qps_c64": report["dense_int8_c64_q1"]["qps"],
-        "dense_int8_recall_at_3": report["dense_int8_c64_q1"]["recall_at_3"],
         "naive_recall_at_3": report[f"naive_dense{c64}"]["recall_at_3"],
         "bm25_qps_c64": report[f"bm25{c64}"]["qps"],
         "naive_bm25_qps_c64": report[f"naive_bm25{c64}"]["qps"],

@@ -51,7 +51,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--device", help="dense: torch device of the query encoder / torch index")
     serve.add_argument("--quantize", choices=QUANTIZE_CHOICES,
                        help="dense: CPU query encoder, int8 or none (fp32); default: as built")  # fmt: skip
-    serve.add_argument("--query-batch-size", type=int, help="dense: queries per forward pass (16 on CPU, 256 on GPU)")
+    serve.add_argument("--query-batch-size", type=int, help="dense: queries per forward pass (64 on CPU, 256 on GPU)")
     serve.add_argument("--nprobe", type=int, default=32, help="ivfpq: lists probed per query")
     serve.add_argument("--ef-search", type=int, default=128, help="hnsw: search breadth")
     serve.add_argument("--bm25-backend", default="auto", choices=("auto", "numba", "numpy"),

@@ -26,7 +26,7 @@ class DenseSearcher:
         self._encoder = Encoder(spec, device=options.device, quantize=_quantize(meta, options))
         if self._encoder.dim != self._index.dim:
             raise ValueError(f"encoder gives {self._encoder.dim}-d vectors, the index holds {self._index.dim}-d")
-        self._batch_size = options.query_batch_size or (16 if self._encoder.device.type == "cpu" else 256)
+        self._batch_size = options.query_batch_size or (64 if self._encoder.device.type == "cpu" else 256)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         return self._index.search(self._encoder.encode_queries(queries, self._batch_size), k)

@@ -44,7 +44,7 @@ class LoadOptions:
 
     device: str | None = None
     quantize: str | None = None  # None: as the index's meta says ("none" for indexes built before it did)
-    query_batch_size: int | None = None  # None: 16 on CPU (fastest per query there), 256 on GPU
+    query_batch_size: int | None = None  # None: 64 on CPU (fastest per query there), 256 on GPU
     nprobe: int = 32
     ef_search: int = 128
     threads: int = 2
