@@ -11,6 +11,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
+from types import SimpleNamespace
 
 import httpx
 import numpy as np
@@ -19,7 +20,7 @@ import torch
 
 from retriever_server.corpus import CorpusStore
 from retriever_server.dense import EMBEDDINGS_FILE, FaissIndex, TorchIndex, build_faiss
-from retriever_server.encoders import BGE_QUERY_INSTRUCTION, Encoder, resolve_spec
+from retriever_server.encoders import BGE_QUERY_INSTRUCTION, Encoder, forward_fn, resolve_spec
 from retriever_server.index import LoadOptions, Searcher
 from retriever_server.quantize import Int8Linear
 
@@ -82,10 +83,34 @@ def test_encoder_matches_sentence_transformers_in_input_order(minilm_dir, subset
     from sentence_transformers import SentenceTransformer
 
     texts = [row["contents"] for row in subset[2][:12]] + ["short", "a somewhat longer query about a film director"]
-    ours = Encoder(resolve_spec(minilm_dir), device="cpu").encode_passages(texts, batch_size=8)
+    encoder = Encoder(resolve_spec(minilm_dir), device="cpu")
+    assert encoder.traced  # on CPU the model runs as TorchScript
+    ours = encoder.encode_passages(texts, batch_size=8)
     reference = SentenceTransformer(minilm_dir, device="cpu").encode(texts, batch_size=8, normalize_embeddings=True)
     np.testing.assert_allclose(ours, reference, atol=2e-5)
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
+
+
+class _Toy(torch.nn.Module):
+    """Hidden states from the attention mask; doubled for batches of several texts when `branchy`
+    (Python control flow on a shape, which a trace freezes)."""
+
+    def __init__(self, branchy: bool):
+        super().__init__()
+        self.branchy = branchy
+
+    def forward(self, input_ids, attention_mask):
+        hidden = attention_mask.unsqueeze(-1).float().expand(-1, -1, 4) * 3.0
+        return SimpleNamespace(last_hidden_state=hidden * (2.0 if self.branchy and input_ids.shape[0] > 1 else 1.0))
+
+
+def test_a_trace_is_used_only_where_it_reproduces_the_model(tokenizer):
+    inputs = tokenizer(["one text"], return_tensors="pt")
+    for branchy, traced in ((False, True), (True, False)):
+        forward, is_traced = forward_fn(_Toy(branchy), tokenizer, traced=True)
+        assert is_traced == traced
+        np.testing.assert_array_equal(forward(inputs).numpy(), 3.0 * np.ones((1, inputs["input_ids"].shape[1], 4)))
+    assert forward_fn(_Toy(False), tokenizer, traced=False)[1] is False
 
 
 def test_int8_linear_is_the_hand_quantised_product_row_by_row():
