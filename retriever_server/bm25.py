@@ -19,6 +19,11 @@ def _tokenize(texts: list[str], stemmer: Stemmer.Stemmer, *, ids: bool, show_pro
     return bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=stemmer, return_ids=ids, show_progress=show_progress)
 
 
+def terms(texts: list[str]) -> list[list[str]]:
+    """The terms BM25 indexes and matches for each text: lower-cased, stop words dropped, stemmed."""
+    return _tokenize(texts, Stemmer.Stemmer(LANGUAGE), ids=False)
+
+
 def build_bm25(store: CorpusStore, out_dir: Path, *, show_progress: bool = True) -> dict:
     """Index every passage's contents (title and text) and save the bm25s files to `out_dir`."""
     stemmer = Stemmer.Stemmer(LANGUAGE)

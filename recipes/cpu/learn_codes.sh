@@ -1,20 +1,23 @@
 #!/usr/bin/env bash
 # The main job on a laptop: MemSearcher learns a search task on CPU within minutes (docs/cpu.md).
 #   recipes/cpu/learn_codes.sh [hydra overrides...]
-# Writes the access-code task (archives whose codes only their own passage states, plus the bundled
-# corpus as distractors), builds its BM25 index, starts the retriever, warm-starts the tiny model on
-# scripted MemSearcher demonstrations (other archives), trains with verl's real trainer, prints the
-# reward per step and saves reward_curve.png. The last line printed is one JSON object.
+# Writes the password task (doors whose passwords only their own passage states, plus the bundled
+# corpus as distractors), builds its BM25 index, starts the retriever, warm-starts the tiny model
+# (copy pretraining, then scripted MemSearcher demonstrations of other doors), trains with verl's
+# real trainer, prints the reward per step and saves reward_curve.png. The last line printed is one
+# JSON object.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 WORK=$(mkdir -p "${WORK:-$ROOT/outputs/cpu/learn_codes}" && cd "${WORK:-$ROOT/outputs/cpu/learn_codes}" && pwd)
 SEED=${SEED:-0}
+COPY_STEPS=${COPY_STEPS:-800}
 WARM_STEPS=${WARM_STEPS:-200}
 
 verl-memagent tiny-model --out "$WORK/model" --seed "$SEED" >/dev/null
-python -m verl_memagent.cpu.codes_task task --out "$WORK/task" --seed "$SEED" --base-corpus "$ROOT/data/corpus.jsonl" >/dev/null
+python -m verl_memagent.cpu.codes_task task --out "$WORK/task" --tokenizer "$WORK/model" --seed "$SEED" \
+  --base-corpus "$ROOT/data/corpus.jsonl" >/dev/null
 python -m retriever_server build --kind bm25 --corpus "$WORK/task/corpus.jsonl" --out "$WORK/bm25" >/dev/null
 
 source "$HERE/retriever.sh"
@@ -22,7 +25,7 @@ start_retriever "$WORK/bm25" "$WORK"
 
 python -m verl_memagent.cpu.codes_task warm-start --model "$WORK/model" --out "$WORK/model_warm" \
   --demos "$WORK/task/demos.jsonl" --retriever "$MEMAGENT_RETRIEVER_URL" \
-  --agent-loops "$HERE/agent_loops.yaml" --steps "$WARM_STEPS" --seed "$SEED"
+  --agent-loops "$HERE/learn_codes_agent_loops.yaml" --copy-steps "$COPY_STEPS" --steps "$WARM_STEPS" --seed "$SEED"
 verl-memagent prepare --input "$WORK/task/qa.jsonl" --agent memsearcher --out "$WORK/train.parquet" >/dev/null
 
 rm -f "$WORK/metrics.jsonl"
@@ -32,7 +35,7 @@ VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" python -m verl.tra
   data.train_files="$WORK/train.parquet" \
   data.val_files="$WORK/train.parquet" \
   data.seed="$SEED" \
-  actor_rollout_ref.rollout.agent.agent_loop_config_path="$HERE/agent_loops.yaml" \
+  actor_rollout_ref.rollout.agent.agent_loop_config_path="$HERE/learn_codes_agent_loops.yaml" \
   trainer.default_local_dir="$WORK/checkpoints" \
   "$@" >"$WORK/train.log" 2>&1 || { tail -50 "$WORK/train.log" >&2; exit 1; }
 

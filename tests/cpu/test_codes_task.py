@@ -1,4 +1,4 @@
-"""The access-code task, its scripted warm start through the real agent loop, and the reward curve."""
+"""The password task, its warm start (copy pretraining, scripted demonstrations), the reward curve."""
 
 from __future__ import annotations
 
@@ -10,59 +10,83 @@ from pathlib import Path
 
 import httpx
 import pytest
+import torch
 from transformers import AutoModelForCausalLM
 
+from retriever_server.bm25 import terms
 from verl_memagent.agent.parsing import parse_memory, parse_tool_call_action
-from verl_memagent.cpu.codes_task import Archive, demonstration, make_archives, write_task
+from verl_memagent.cpu.codes_task import Door, demonstration, make_doors, single_token_words, write_task
 from verl_memagent.cpu.reward_curve import main as reward_curve_main
 from verl_memagent.cpu.reward_curve import summary
-from verl_memagent.cpu.warm_start import IGNORE, scripted_samples, supervised_steps
+from verl_memagent.cpu.warm_start import IGNORE, copy_batch, copy_pretraining, scripted_samples, supervised_steps
 
 REPO = Path(__file__).resolve().parents[2]
-AGENT_LOOPS = REPO / "recipes" / "cpu" / "agent_loops.yaml"
+AGENT_LOOPS = REPO / "recipes" / "cpu" / "learn_codes_agent_loops.yaml"
 
 
-def test_archives_are_disjoint_and_seeded():
-    task, demos = make_archives(12, seed=3)
-    assert (task, demos) == make_archives(12, seed=3)
-    names = [a.name for a in task + demos]
-    assert len(set(names)) == 24
-    assert len({a.code for a in task}) == 12 == len({a.code for a in demos})
-    with pytest.raises(ValueError, match="count must be in"):
-        make_archives(0)
+def test_words_are_single_tokens_with_distinct_bm25_terms(tokenizer):
+    words = single_token_words(tokenizer)
+    assert len(words) > 100
+    assert all(len(tokenizer.encode(" " + word)) == 1 for word in words)
+    word_terms = terms(words)
+    assert all(len(t) == 1 for t in word_terms)
+    assert len({t[0] for t in word_terms}) == len(words)
+    assert not {"password", "station", "gate"} & set(words)
+
+
+def test_doors_split_the_grid_and_are_seeded():
+    words = [f"w{i}" for i in range(30)]
+    task, demos = make_doors(words, stations=4, gates=3, passwords=5, task_count=5, seed=3)
+    assert (task, demos) == make_doors(words, stations=4, gates=3, passwords=5, task_count=5, seed=3)
+    assert len(task) == 5 and len(demos) == 7
+    pairs = {(d.station, d.gate) for d in task + demos}
+    assert len(pairs) == 12  # every station x gate door once, in the task or the demonstrations
+    stations, gates = {s for s, _ in pairs}, {g for _, g in pairs}
+    passwords = {d.password for d in task + demos}
+    assert len(stations) == 4 and len(gates) == 3 and len(passwords) <= 5
+    assert not (stations & gates) and not (stations | gates) & passwords
+    with pytest.raises(ValueError, match="task_count"):
+        make_doors(words, stations=2, gates=2, task_count=4)
+    with pytest.raises(ValueError, match="too few"):
+        make_doors(words[:5])
 
 
 def test_demonstration_is_a_valid_memsearcher_trajectory():
-    archive = make_archives(1)[0][0]
-    search, memory, answer = demonstration(archive, "<|im_end|>")
-    assert parse_tool_call_action(search, "wikipedia_search").query == f"{archive.name} access code"
-    assert parse_memory(memory) == (f"The access code of {archive.name} is {archive.code}.", True)
-    assert parse_tool_call_action(answer, "wikipedia_search").answer == archive.code
+    door = Door("century", "born", "album")
+    search, memory, answer = demonstration(door, "<|im_end|>")
+    assert parse_tool_call_action(search, "wikipedia_search").query == "password of station century at gate born"
+    assert parse_memory(memory) == ("The password is album.", True)
+    assert parse_tool_call_action(answer, "wikipedia_search").answer == "album"
     assert answer.endswith("<|im_end|>")
 
 
 @pytest.fixture(scope="module")
-def task(tmp_path_factory, retriever_server):
+def task(tmp_path_factory, retriever_server, tokenizer):
     out = tmp_path_factory.mktemp("codes_task")
-    paths = write_task(out / "task", count=6, seed=0)
+    paths = write_task(out / "task", tokenizer, seed=0, base_corpus=REPO / "data" / "corpus.jsonl")
     command = [sys.executable, "-m", "retriever_server", "build", "--kind", "bm25"]
     subprocess.run([*command, "--corpus", str(paths["corpus"]), "--out", str(out / "bm25")], check=True, cwd=REPO)
     return paths, retriever_server(out / "bm25").url
 
 
-def test_only_its_own_passage_holds_each_code(task):
+def test_searching_a_door_finds_its_own_passage_first(task):
     paths, url = task
     questions = [json.loads(line) for line in paths["qa"].read_text().splitlines()]
-    body = {"queries": [q["question"] for q in questions], "topk": 1}
+    demos = [Door(**json.loads(line)) for line in paths["demos"].read_text().splitlines()]
+    assert len(questions) == 16 and len(demos) == 32
+    queries = [json.loads(demonstration(d, "")[0].split("<tool_call>")[1][: -len("</tool_call>")]) for d in demos]
+    body = {"queries": [q["question"] for q in questions] + [q["arguments"]["query"] for q in queries], "topk": 1}
     results = httpx.post(f"{url}/retrieve", json=body, timeout=30).json()["result"]
-    for question, hits in zip(questions, results, strict=True):
-        assert f"is {question['golden_answers'][0]}." in hits[0]["contents"]
+    expected = [(q["question"], q["golden_answers"][0]) for q in questions] + [(d.question, d.password) for d in demos]
+    for (question, password), hits in zip(expected, results, strict=True):
+        door = question.removeprefix("What is the password of ").removesuffix("?")
+        assert f"The password of {door} is {password}." in hits[0]["contents"]
 
 
 def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokenizer):
     paths, url = task
-    archives = [Archive(**json.loads(line)) for line in paths["demos"].read_text().splitlines()]
-    scripts = [(archive.question, demonstration(archive, tokenizer.eos_token)) for archive in archives]
+    doors = [Door(**json.loads(line)) for line in paths["demos"].read_text().splitlines()][:6]
+    scripts = [(door.question, demonstration(door, tokenizer.eos_token)) for door in doors]
     samples = asyncio.run(
         scripted_samples("memsearcher", scripts, tokenizer, str(AGENT_LOOPS), 1024, 384, retriever_urls=url)
     )
@@ -73,8 +97,33 @@ def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokeni
         assert len(ids) == len(labels)
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    losses = supervised_steps(model, samples, steps=12, lr=2e-3, batch_size=4, pad_token_id=tokenizer.pad_token_id)
+    losses = supervised_steps(
+        model, samples, steps=12, lr=2e-3, batch_size=4, pad_token_id=tokenizer.pad_token_id, copy_rows=2
+    )
     assert sum(losses[-3:]) < sum(losses[:3])
+
+
+def test_copy_batch_labels_exactly_the_repeats():
+    input_ids, labels = copy_batch(torch.Generator().manual_seed(0), vocab_size=50, batch_size=4, length=64)
+    assert input_ids.shape == labels.shape == (4, 64)
+    for row_ids, row_labels in zip(input_ids.tolist(), labels.tolist(), strict=True):
+        labelled = [i for i, label in enumerate(row_labels) if label != IGNORE]
+        assert 0 < len(labelled) < 64
+        start = 0
+        while start < 64 and row_labels[start] == IGNORE:  # segments: size unlabelled, then its repeat
+            size = next((i for i in range(start, 64) if row_labels[i] != IGNORE), 64) - start
+            repeat = row_ids[start + size : start + 2 * size]
+            assert repeat == row_ids[start : start + len(repeat)]
+            assert row_labels[start + size : start + 2 * size] == repeat
+            start += 2 * size
+
+
+def test_copy_pretraining_updates_the_model(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    before = model.model.layers[0].self_attn.q_proj.weight.clone()
+    losses = copy_pretraining(model, model.config.vocab_size, steps=2)
+    assert len(losses) == 2 and all(8.0 < loss < 9.0 for loss in losses)  # ~ln(4096) for random tokens
+    assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
 
 
 def test_reward_curve_summary_png_and_json(tmp_path, capsys):

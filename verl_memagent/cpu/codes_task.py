@@ -1,14 +1,22 @@
-"""A search task a tiny model can learn on CPU in minutes: access codes found only in their own passage.
+"""A search task a tiny model can learn on CPU in minutes: passwords found only in their own passage.
 
-Each made-up archive ("Kalomir") has one passage stating its access code (a common word); the
-question asks for it. Nothing but retrieval gives the code, so a MemSearcher that searches for the
-name, keeps the code in memory and answers `\\boxed{code}` scores F1 = 1; a valid format with a wrong
-code scores 0.1 (`f1_with_format`).
+Each door of a made-up station ("station century at gate born") has one passage stating its
+password ("album"); the question asks for it. Nothing but retrieval gives the password, so a
+MemSearcher that searches for the door, keeps the password in memory and answers `\\boxed{ album}`
+scores F1 = 1; a valid format with a wrong password scores 0.1 (`f1_with_format`).
 
-A random model never writes that format, so `warm_start` first shows it the way: the real
-MemSearcher agent loop plays scripted demonstrations against the real retriever, and a short
-supervised pass on exactly the tokens the loop built (prompt contexts, masked responses) teaches the
-format. Reinforcement learning (recipes/cpu/learn_codes.sh) then improves the sampled policy.
+Stations, gates and passwords are small sets of words the tokenizer writes as one token after a
+space, and every door's password is drawn at random. The warm start's demonstrations and the task
+use disjoint doors (station x gate pairs), so memorising the demonstrations' passwords is worth
+nothing on the task: only searching and reading is. What must be copied is a token from a small,
+seen set (which station, which gate, which password), which a two-layer model can learn to pick out
+of its context in minutes; copying arbitrary unseen names is beyond it.
+
+A random model never writes the format, so `warm_start` first shows it the way: the real MemSearcher
+agent loop plays scripted demonstrations against the real retriever, and a short supervised pass on
+exactly the tokens the loop built (prompt contexts, masked responses) teaches format and reading.
+Reinforcement learning (recipes/cpu/learn_codes.sh) then improves the sampled policy on the task's
+doors.
 """
 
 from __future__ import annotations
@@ -19,77 +27,99 @@ import random
 from dataclasses import dataclass
 from pathlib import Path
 
-SYLLABLES = ("ka", "lo", "mir", "ven", "do", "sa", "ril", "tor", "ne", "ba", "gul", "fen", "zo", "pra", "mun", "tek")
-CODES = (
-    "river", "stone", "garden", "silver", "castle", "forest", "harbor", "meadow", "copper", "falcon", "island",
-    "marble", "thunder", "winter", "summer", "valley", "mountain", "bridge", "temple", "lantern", "anchor",
-    "canyon", "desert", "glacier", "orchard", "planet", "shadow", "spring", "tower", "violet", "willow", "ember",
-)  # fmt: skip
+from retriever_server.bm25 import terms
+
+TASK_WORDS = ("password", "station", "gate")
 
 
 @dataclass(frozen=True)
-class Archive:
-    name: str
-    code: str
+class Door:
+    """One gate of a made-up station, whose password only its own passage states."""
+
+    station: str
+    gate: str
+    password: str
 
     @property
     def passage(self) -> str:
-        return f'"{self.name}"\n{self.name} is an archive. The access code of {self.name} is {self.code}.'
+        door = f"station {self.station} at gate {self.gate}"
+        return f'"station {self.station} gate {self.gate}"\nThe password of {door} is {self.password}.'
 
     @property
     def question(self) -> str:
-        return f"What is the access code of {self.name}?"
+        return f"What is the password of station {self.station} at gate {self.gate}?"
 
 
-def make_archives(count: int, seed: int = 0) -> tuple[list[Archive], list[Archive]]:
-    """Two disjoint sets of `count` archives: the task's, and the demonstrations' for the warm start.
+def single_token_words(tokenizer) -> list[str]:
+    """Lower-case words of four letters or more that `tokenizer` writes as one token after a space,
+    one per BM25 term (so a query for one finds no other: "seasons" and "season" stem alike), none a
+    stop word or one of the task's own words; sorted."""
+    words = {token[1:] for token in tokenizer.get_vocab() if token.startswith("Ġ")}
+    words = sorted(w for w in words if len(w) >= 4 and w.isascii() and w.isalpha() and w.islower())
+    words = [w for w in words if len(tokenizer.encode(" " + w)) == 1]
+    taken = {term for (term,) in terms(list(TASK_WORDS))}
+    kept = []
+    for word, word_terms in zip(words, terms(words), strict=True):
+        if len(word_terms) == 1 and word_terms[0] not in taken:
+            taken.add(word_terms[0])
+            kept.append(word)
+    return kept
 
-    Names are distinct three-syllable words; codes are distinct within a set (count <= len(CODES)).
+
+def make_doors(
+    words: list[str], stations: int = 8, gates: int = 6, passwords: int = 8, task_count: int = 16, seed: int = 0
+) -> tuple[list[Door], list[Door]]:
+    """All `stations` x `gates` doors, split into the task's `task_count` and the demonstrations' rest.
+
+    Stations, gates and passwords are disjoint sets of `words`; each door's password is drawn at random.
     """
-    if not 0 < count <= len(CODES):
-        raise ValueError(f"count must be in 1..{len(CODES)}, got {count}")
+    doors = stations * gates
+    if min(stations, gates, passwords) < 1 or not 0 < task_count < doors:
+        raise ValueError(f"need at least one station, gate and password, and 0 < task_count < {doors} doors")
+    if stations + gates + passwords > len(words):
+        raise ValueError(f"{len(words)} single-token words are too few for {stations + gates + passwords}")
     rng = random.Random(seed)
-    names: set[str] = set()
-    while len(names) < 2 * count:
-        names.add("".join(rng.choice(SYLLABLES) for _ in range(3)).capitalize())
-    shuffled = rng.sample(sorted(names), 2 * count)
-    sets = [shuffled[:count], shuffled[count:]]
-    task, demos = ([Archive(n, c) for n, c in zip(part, rng.sample(CODES, count), strict=True)] for part in sets)
-    return task, demos
+    chosen = rng.sample(words, stations + gates + passwords)
+    names, gate_names, codes = chosen[:stations], chosen[stations : stations + gates], chosen[stations + gates :]
+    all_doors = [Door(s, g, rng.choice(codes)) for s in names for g in gate_names]
+    rng.shuffle(all_doors)
+    return all_doors[:task_count], all_doors[task_count:]
 
 
-def write_task(out: Path, count: int = 24, seed: int = 0, base_corpus: Path | None = None) -> dict[str, Path]:
-    """Write `corpus.jsonl` (all archives' passages, then `base_corpus`), the task's questions `qa.jsonl`
-    (FlashRAG format) and the demonstrations' `demos.jsonl` (name, code)."""
+def write_task(out: Path, tokenizer, seed: int = 0, base_corpus: Path | None = None, **sizes) -> dict[str, Path]:
+    """Write `corpus.jsonl` (every door's passage, then `base_corpus`), the task's questions `qa.jsonl`
+    (FlashRAG format) and the demonstrations' doors `demos.jsonl`; `sizes` go to `make_doors`."""
     out.mkdir(parents=True, exist_ok=True)
-    task, demos = make_archives(count, seed)
+    task, demos = make_doors(single_token_words(tokenizer), seed=seed, **sizes)
     paths = {"corpus": out / "corpus.jsonl", "qa": out / "qa.jsonl", "demos": out / "demos.jsonl"}
     with paths["corpus"].open("w", encoding="utf-8") as f:
-        for i, archive in enumerate(task + demos):
-            f.write(json.dumps({"id": f"archive-{i}", "contents": archive.passage}) + "\n")
+        for i, door in enumerate(task + demos):
+            f.write(json.dumps({"id": f"door-{i}", "contents": door.passage}) + "\n")
         if base_corpus is not None:
             f.write(base_corpus.read_text(encoding="utf-8"))
     with paths["qa"].open("w", encoding="utf-8") as f:
-        for i, archive in enumerate(task):
-            f.write(json.dumps({"id": f"code-{i}", "question": archive.question, "golden_answers": [archive.code]}))
+        for i, door in enumerate(task):
+            f.write(json.dumps({"id": f"door-{i}", "question": door.question, "golden_answers": [door.password]}))
             f.write("\n")
     with paths["demos"].open("w", encoding="utf-8") as f:
-        for archive in demos:
-            f.write(json.dumps({"name": archive.name, "code": archive.code}) + "\n")
+        for door in demos:
+            f.write(json.dumps({"station": door.station, "gate": door.gate, "password": door.password}) + "\n")
     return paths
 
 
-def demonstration(archive: Archive, eos_token: str, tool_name: str = "wikipedia_search") -> list[str]:
-    """What a MemSearcher that knows the task writes: search, keep the code, answer (one text per call).
+def demonstration(door: Door, eos_token: str, tool_name: str = "wikipedia_search") -> list[str]:
+    """What a MemSearcher that knows the task writes: search, keep the password, answer (one text per call).
 
-    Search and memory end at the loop's stop strings; the answer ends with `eos_token`, as a chat
-    model's final turn does, so the model learns to stop there.
+    Station, gate and password always follow a space, so each is the same single token wherever it
+    appears. Search and memory end at the loop's stop strings; the answer ends with `eos_token`, as
+    a chat model's final turn does, so the model learns to stop there.
     """
-    call = json.dumps({"name": tool_name, "arguments": {"query": f"{archive.name} access code"}})
+    query = f"password of station {door.station} at gate {door.gate}"
+    call = json.dumps({"name": tool_name, "arguments": {"query": query}})
     return [
-        f"<think> I must look up {archive.name}. </think>\n<tool_call>{call}</tool_call>",
-        f"<memory> The access code of {archive.name} is {archive.code}. </memory>",
-        f"<think> My memory holds the code. </think>\n\\boxed{{{archive.code}}}{eos_token}",
+        f"<think> I must search for the password. </think>\n<tool_call>{call}</tool_call>",
+        f"<memory> The password is {door.password}. </memory>",
+        f"<think> My memory holds the password. </think>\n\\boxed{{ {door.password}}}{eos_token}",
     ]
 
 
@@ -100,27 +130,30 @@ def warm_start(
     retriever_url: str,
     agent_loops_yaml: str,
     steps: int,
-    lr: float = 2e-3,
+    lr: float = 1e-3,
     batch_size: int = 8,
     seed: int = 0,
+    copy_steps: int = 800,
 ) -> list[float]:
-    """Train `model_dir` on MemSearcher demonstrations of the archives in `demos`; save to `out`."""
+    """Copy pretraining, then MemSearcher demonstrations of the doors in `demos`; save to `out`."""
     import asyncio
 
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl_memagent.cpu.warm_start import scripted_samples, supervised_steps
+    from verl_memagent.cpu.warm_start import copy_pretraining, scripted_samples, supervised_steps
 
-    archives = [Archive(**json.loads(line)) for line in demos.read_text().splitlines()]
+    doors = [Door(**json.loads(line)) for line in demos.read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    scripts = [(archive.question, demonstration(archive, tokenizer.eos_token)) for archive in archives]
+    scripts = [(door.question, demonstration(door, tokenizer.eos_token)) for door in doors]
     samples = asyncio.run(
         scripted_samples("memsearcher", scripts, tokenizer, agent_loops_yaml, 1024, 384, retriever_urls=retriever_url)
     )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    losses = supervised_steps(model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed)
+    copy_losses = copy_pretraining(model, len(tokenizer), copy_steps, seed=seed)
+    print(f"copy pretraining: {copy_steps} steps, loss {copy_losses[0]:.3f} -> {copy_losses[-1]:.3f}")
+    losses = supervised_steps(model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16)
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return losses
@@ -131,24 +164,44 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     task = sub.add_parser("task", help="write corpus.jsonl, qa.jsonl and demos.jsonl")
     task.add_argument("--out", type=Path, required=True)
-    task.add_argument("--count", type=int, default=24, help="archives in the task (as many again for demos)")
+    task.add_argument("--tokenizer", type=Path, required=True, help="tokenizer directory (words are its tokens)")
+    task.add_argument("--stations", type=int, default=8)
+    task.add_argument("--gates", type=int, default=6, help="gates per station")
+    task.add_argument("--passwords", type=int, default=8, help="distinct passwords")
+    task.add_argument("--task-doors", type=int, default=16, help="doors asked about; the others are demonstrated")
     task.add_argument("--seed", type=int, default=0)
-    task.add_argument("--base-corpus", type=Path, help="passages appended after the archives' (distractors)")
+    task.add_argument("--base-corpus", type=Path, help="passages appended after the doors' (distractors)")
     warm = sub.add_parser("warm-start", help="supervised pass on scripted MemSearcher demonstrations")
     warm.add_argument("--model", type=Path, required=True)
     warm.add_argument("--out", type=Path, required=True)
     warm.add_argument("--demos", type=Path, required=True)
     warm.add_argument("--retriever", required=True, help="URL of the retriever serving the task's corpus")
     warm.add_argument("--agent-loops", required=True, help="agent-loop YAML with the memsearcher entry to play")
-    warm.add_argument("--steps", type=int, default=200)
-    warm.add_argument("--lr", type=float, default=2e-3)
+    warm.add_argument("--copy-steps", type=int, default=800, help="copy pretraining steps before the demonstrations")
+    warm.add_argument("--steps", type=int, default=200, help="supervised steps on the demonstrations")
+    warm.add_argument("--lr", type=float, default=1e-3)
     warm.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "task":
-        for name, path in write_task(args.out, args.count, args.seed, args.base_corpus).items():
+        from transformers import AutoTokenizer
+
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        sizes = {"stations": args.stations, "gates": args.gates, "passwords": args.passwords}
+        sizes["task_count"] = args.task_doors
+        for name, path in write_task(args.out, tokenizer, args.seed, args.base_corpus, **sizes).items():
             print(f"{name}: {path}")
         return 0
-    losses = warm_start(args.model, args.out, args.demos, args.retriever, args.agent_loops, args.steps, args.lr)
+    losses = warm_start(
+        args.model,
+        args.out,
+        args.demos,
+        args.retriever,
+        args.agent_loops,
+        args.steps,
+        args.lr,
+        seed=args.seed,
+        copy_steps=args.copy_steps,
+    )
     print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}")
     return 0
 

@@ -44,7 +44,7 @@ def save_png(steps: list[dict], png: Path) -> None:
     ax.plot([s["step"] for s in steps], [s[REWARD] for s in steps], marker="o")
     ax.set_xlabel("training step")
     ax.set_ylabel("mean reward")
-    ax.set_title("MemSearcher on CPU: access-code task")
+    ax.set_title("MemSearcher on CPU: password task")
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(png, dpi=120)
