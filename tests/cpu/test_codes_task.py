@@ -88,9 +88,12 @@ def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokeni
     doors = [Door(**json.loads(line)) for line in paths["demos"].read_text().splitlines()][:6]
     scripts = [(door.question, demonstration(door, tokenizer.eos_token)) for door in doors]
     samples = asyncio.run(
-        scripted_samples("memsearcher", scripts, tokenizer, str(AGENT_LOOPS), 1024, 384, retriever_urls=url)
+        scripted_samples("memsearcher", scripts, tokenizer, str(AGENT_LOOPS), 1024, 384, "qwen2", retriever_urls=url)
     )
     assert len(samples) == 2 * len(scripts)  # search + memory context, then the answer context
+    for ids, _ in samples:  # the chat template's turn boundary, as the live loop builds it with a Qwen model
+        assert "<|im_end|><|im_start|>" not in tokenizer.decode(ids)
+        assert tokenizer.decode(ids).count("<|im_end|>\n<|im_start|>") >= 2
     for (ids, labels), (_, texts) in zip(samples[1::2], scripts, strict=True):
         trained = [t for t in labels if t != IGNORE]
         assert tokenizer.decode(trained) == texts[2]  # exactly the scripted answer is learned

@@ -146,11 +146,14 @@ def warm_start(
     doors = [Door(**json.loads(line)) for line in demos.read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     scripts = [(door.question, demonstration(door, tokenizer.eos_token)) for door in doors]
-    samples = asyncio.run(
-        scripted_samples("memsearcher", scripts, tokenizer, agent_loops_yaml, 1024, 384, retriever_urls=retriever_url)
-    )
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
+    samples = asyncio.run(
+        scripted_samples(
+            "memsearcher", scripts, tokenizer, agent_loops_yaml, 1024, 384, model.config.model_type,
+            retriever_urls=retriever_url,
+        )
+    )  # fmt: skip
     copy_losses = copy_pretraining(model, len(tokenizer), copy_steps, seed=seed)
     print(f"copy pretraining: {copy_steps} steps, loss {copy_losses[0]:.3f} -> {copy_losses[-1]:.3f}")
     losses = supervised_steps(model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16)

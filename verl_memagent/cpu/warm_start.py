@@ -28,14 +28,22 @@ async def scripted_samples(
     agent_loops_yaml: str,
     prompt_length: int,
     response_length: int,
+    hf_model_type: str | None,
     **settings,
 ) -> list[tuple[list[int], list[int]]]:
-    """(input ids, labels) of every context the agent loop builds while replaying each (question, texts)."""
+    """(input ids, labels) of every context the agent loop builds while replaying each (question, texts).
+
+    `hf_model_type` (the model's `config.model_type`) picks verl's token builder, as in training:
+    Qwen's restores the newline after `<|im_end|>` at turn boundaries, the generic one does not, and
+    a warm start on contexts that differ from the live ones teaches the wrong thing.
+    """
     config = verl_trainer_config(prompt_length=prompt_length, response_length=response_length)
     samples = []
     for index, (question, texts) in enumerate(scripts):
         policy = ScriptedPolicy(tokenizer, texts)
-        loop = instantiate_agent_loop(agent, config, policy, tokenizer, path=agent_loops_yaml, **settings)
+        loop = instantiate_agent_loop(
+            agent, config, policy, tokenizer, hf_model_type, path=agent_loops_yaml, **settings
+        )
         row = {
             "raw_prompt": [{"role": "user", "content": question}],
             "extra_info": {"question": question},
