@@ -81,6 +81,22 @@ def copy_batch(generator: torch.Generator, vocab_size: int, batch_size: int = 32
     return input_ids, labels
 
 
+def adamw_steps(model, steps: int, lr: float, step_loss) -> list[float]:
+    """`steps` AdamW updates of `model` on `step_loss()` (a fresh batch's loss each call), in train
+    mode, back in eval mode after; returns the loss of each step."""
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    model.train()
+    losses = []
+    for _ in range(steps):
+        loss = step_loss()
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    model.eval()
+    return losses
+
+
 def copy_pretraining(model, vocab_size: int, steps: int, lr: float = 1e-3, seed: int = 0) -> list[float]:
     """AdamW steps on `copy_batch` rows: the standard way to form induction heads (attend to the token
     after the previous occurrence of this one, copy it). Returns the loss of each step.
@@ -89,18 +105,12 @@ def copy_pretraining(model, vocab_size: int, steps: int, lr: float = 1e-3, seed:
     alone teach it the format but not the copying (measured: copied tokens stay at chance).
     """
     generator = torch.Generator().manual_seed(seed)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    losses = []
-    for _ in range(steps):
+
+    def step_loss():
         input_ids, labels = copy_batch(generator, vocab_size)
-        loss = model(input_ids=input_ids, labels=labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
+        return model(input_ids=input_ids, labels=labels).loss
+
+    return adamw_steps(model, steps, lr, step_loss)
 
 
 def supervised_steps(
@@ -113,10 +123,8 @@ def supervised_steps(
     """
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed + 1)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    model.train()
-    losses = []
-    for _ in range(steps):
+
+    def step_loss():
         batch = rng.sample(samples, min(batch_size, len(samples)))
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), width), pad_token_id)
@@ -130,9 +138,6 @@ def supervised_steps(
         if copy_rows:
             copy_ids, copy_labels = copy_batch(generator, model.config.vocab_size, copy_rows)
             loss = loss + model(input_ids=copy_ids, labels=copy_labels).loss
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
-    model.eval()
-    return losses
+        return loss
+
+    return adamw_steps(model, steps, lr, step_loss)
