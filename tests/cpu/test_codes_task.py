@@ -124,7 +124,7 @@ def test_copy_batch_labels_exactly_the_repeats():
 def test_copy_pretraining_updates_the_model(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     before = model.model.layers[0].self_attn.q_proj.weight.clone()
-    losses = copy_pretraining(model, model.config.vocab_size, steps=2)
+    losses = copy_pretraining(model, steps=2)
     assert len(losses) == 2 and all(8.0 < loss < 9.0 for loss in losses)  # ~ln(4096) for random tokens
     assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
 

@@ -41,13 +41,16 @@ class Door:
     password: str
 
     @property
+    def name(self) -> str:
+        return f"station {self.station} at gate {self.gate}"
+
+    @property
     def passage(self) -> str:
-        door = f"station {self.station} at gate {self.gate}"
-        return f'"station {self.station} gate {self.gate}"\nThe password of {door} is {self.password}.'
+        return f'"station {self.station} gate {self.gate}"\nThe password of {self.name} is {self.password}.'
 
     @property
     def question(self) -> str:
-        return f"What is the password of station {self.station} at gate {self.gate}?"
+        return f"What is the password of {self.name}?"
 
 
 def single_token_words(tokenizer) -> list[str]:
@@ -114,7 +117,7 @@ def demonstration(door: Door, eos_token: str, tool_name: str = "wikipedia_search
     appears. Search and memory end at the loop's stop strings; the answer ends with `eos_token`, as
     a chat model's final turn does, so the model learns to stop there.
     """
-    query = f"password of station {door.station} at gate {door.gate}"
+    query = f"password of {door.name}"
     call = json.dumps({"name": tool_name, "arguments": {"query": query}})
     return [
         f"<think> I must search for the password. </think>\n<tool_call>{call}</tool_call>",
@@ -154,7 +157,7 @@ def warm_start(
             retriever_urls=retriever_url,
         )
     )  # fmt: skip
-    copy_losses = copy_pretraining(model, len(tokenizer), copy_steps, seed=seed)
+    copy_losses = copy_pretraining(model, copy_steps, seed=seed)
     print(f"copy pretraining: {copy_steps} steps, loss {copy_losses[0]:.3f} -> {copy_losses[-1]:.3f}")
     losses = supervised_steps(model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16)
     model.save_pretrained(out)

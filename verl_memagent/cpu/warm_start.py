@@ -97,7 +97,7 @@ def adamw_steps(model, steps: int, lr: float, step_loss) -> list[float]:
     return losses
 
 
-def copy_pretraining(model, vocab_size: int, steps: int, lr: float = 1e-3, seed: int = 0) -> list[float]:
+def copy_pretraining(model, steps: int, lr: float = 1e-3, seed: int = 0) -> list[float]:
     """AdamW steps on `copy_batch` rows: the standard way to form induction heads (attend to the token
     after the previous occurrence of this one, copy it). Returns the loss of each step.
 
@@ -107,7 +107,7 @@ def copy_pretraining(model, vocab_size: int, steps: int, lr: float = 1e-3, seed:
     generator = torch.Generator().manual_seed(seed)
 
     def step_loss():
-        input_ids, labels = copy_batch(generator, vocab_size)
+        input_ids, labels = copy_batch(generator, model.config.vocab_size)
         return model(input_ids=input_ids, labels=labels).loss
 
     return adamw_steps(model, steps, lr, step_loss)
