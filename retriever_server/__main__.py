@@ -91,10 +91,6 @@ def _serve(args: argparse.Namespace) -> int:
         token = os.environ.get(args.token_env)
         if not token:
             raise ValueError(f"--token-env: environment variable {args.token_env} is unset or empty")
-    if args.threads:
-        import torch
-
-        torch.set_num_threads(args.threads)
     limits = ServerLimits(
         args.topk_default, args.topk_max, args.max_queries, args.max_query_chars, args.max_body_bytes, token
     )
@@ -118,6 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
         cache_size=args.cache_size,
         port_file=args.port_file,
         log_level=args.log_level,
+        threads=args.threads,
     )
 
 

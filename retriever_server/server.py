@@ -1,5 +1,6 @@
 """Running the API: bind the socket first (so `--port 0` works and the address is printed), load the
-index in a background thread while /health answers "loading", exit non-zero if loading fails."""
+index (in its search process, `search_process.py`) while /health answers "loading"; exit non-zero if
+loading fails or the search process dies."""
 
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import uvicorn
 
 from retriever_server.app import ServerLimits, create_app
 from retriever_server.engine import SearchEngine
-from retriever_server.index import LoadOptions, Searcher, read_meta
+from retriever_server.index import LoadOptions, read_meta
+from retriever_server.search_process import SearchProcess
 
 
 def serve(
@@ -27,6 +29,7 @@ def serve(
     cache_size: int = 100_000,
     port_file: Path | None = None,
     log_level: str = "warning",
+    threads: int | None = None,
 ) -> int:
     """Serve `index_dir` until interrupted; returns the process exit code."""
     limits = limits or ServerLimits()
@@ -41,17 +44,25 @@ def serve(
     server = uvicorn.Server(config)
     failure: list[BaseException] = []
 
+    def stop(error: BaseException) -> None:
+        failure.append(error)
+        server.should_exit = True
+
     def load_index() -> None:
         try:
-            searcher = Searcher(index_dir, load)
-            searcher.search(["warm up"], limits.topk_max)  # JIT compilation and first-call costs before "ready"
+            searcher = SearchProcess(
+                index_dir,
+                load or LoadOptions(),
+                warm_up_depth=limits.topk_max,
+                threads=threads,
+                on_exit=lambda reason: stop(RuntimeError(reason)),
+            )
             app.state.engine = SearchEngine(
                 searcher, depth=limits.topk_max, max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size
             )
             print(f"retriever_server: ready ({searcher.description})", file=sys.stderr, flush=True)
         except BaseException as exc:  # reported below, after the server has stopped
-            failure.append(exc)
-            server.should_exit = True
+            stop(exc)
 
     threading.Thread(target=load_index, name="load-index", daemon=True).start()
     if port_file is not None:
@@ -60,6 +71,7 @@ def serve(
     server.run(sockets=[sock])
     if app.state.engine is not None:
         app.state.engine.close()
+        app.state.engine.searcher.close()
     if failure:
         print(f"retriever_server: cannot serve {index_dir}: {failure[0]}", file=sys.stderr, flush=True)
         return 1

@@ -2,8 +2,12 @@
 
 import asyncio
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import httpx
 import pytest
@@ -91,6 +95,41 @@ def test_server_still_answers_after_malformed_bodies(malformed_url):
     assert httpx.get(f"{malformed_url}/health").json()["status"] == "ready"
     response = httpx.post(f"{malformed_url}/retrieve", json={"queries": ["Toto"], "topk": 2})
     assert response.status_code == 200 and len(response.json()["result"][0]) == 2
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+@pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
+def test_no_process_outlives_its_server(retriever_server, bm25_index_dir, stop):
+    """The searcher runs in a child process; it ends with the server, even one killed outright."""
+    server = retriever_server(bm25_index_dir, *NUMPY_BM25)
+    pid = server.process.pid
+    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    assert children, "the searcher should run in a child process"
+    assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto"]}).status_code == 200
+    server.process.send_signal(stop)
+    server.process.wait(timeout=60)
+    deadline = time.monotonic() + 30
+    while any(map(_alive, children)) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(map(_alive, children))
+
+
+def test_a_server_whose_search_process_dies_exits_with_the_reason(retriever_server, bm25_index_dir):
+    server = retriever_server(bm25_index_dir, *NUMPY_BM25)
+    assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto"]}).status_code == 200
+    pid = server.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    # beside multiprocessing's resource tracker
+    (searcher,) = [child for child in children if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
+    os.kill(int(searcher), signal.SIGKILL)
+    assert server.process.wait(timeout=60) == 1
+    assert "the search process is gone (exit code -9)" in server.log.read_text()
 
 
 def _serve(index_dir) -> subprocess.CompletedProcess:

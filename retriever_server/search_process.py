@@ -1,0 +1,141 @@
+"""The searcher (query encoder + index) in a process of its own.
+
+In the server's process the encoder would share Python's GIL with the HTTP event loop: each time it
+returns to Python (tokenizer, padding, pooling, faiss, result arrays) it waits for the loop to yield
+the GIL, up to the 5 ms switch interval at a time. In a child process each has an interpreter of its
+own and the operating system runs them on separate cores. The event loop sends query batches down a
+pipe and reads the (rows, scores) answers when the pipe is readable: no thread of the server's waits
+for the child, so no GIL hand-over sits between two batches. Cache, de-duplication and coalescing
+stay in the server (engine.py).
+
+The child stops when the pipe closes: on `close()`, and when the server dies in any way (its end of
+the pipe closes with it), so no search process outlives its server. A child that dies first fails
+the searches waiting for it and calls `on_exit` (the server then stops with the reason).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import multiprocessing
+import os
+import signal
+from collections import deque
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+
+from retriever_server.corpus import CorpusStore
+from retriever_server.index import IndexLoadError, LoadOptions, Searcher
+
+
+class SearchProcess:
+    """A `Searcher` loaded and run in a child process: `await search(queries, k)`, plus the corpus
+    `store` and the index `description`. Loading blocks; a failure raises the child's `IndexLoadError`."""
+
+    def __init__(
+        self,
+        index_dir: Path,
+        options: LoadOptions,
+        *,
+        warm_up_depth: int,
+        threads: int | None = None,
+        on_exit: Callable[[str], None] = lambda reason: None,
+    ):
+        self._replies: deque[asyncio.Future] = deque()  # the child answers in the order it is asked
+        self._loop: asyncio.AbstractEventLoop | None = None
+        context = multiprocessing.get_context("spawn")  # no fork of a process with threads running
+        self._pipe, child_end = context.Pipe()
+        self._process = context.Process(
+            target=_serve_searches,
+            args=(child_end, Path(index_dir), options, warm_up_depth, threads),
+            name="retriever-search",
+            daemon=True,
+        )
+        self._process.start()
+        child_end.close()  # the child holds the only other end: its exit is an EOF here
+        try:
+            failed, payload = self._pipe.recv()
+        except EOFError:
+            self.close()
+            raise IndexLoadError(f"the search process exited while loading ({self._exit()})") from None
+        if failed:
+            self.close()
+            raise payload
+        self.description: dict = payload
+        self._on_exit = on_exit
+        self.store = CorpusStore(Path(index_dir) / "corpus")  # memory-mapped: pages shared with the child's
+
+    async def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k (rows, scores) of each query, searched by the child."""
+        if self._loop is None:
+            self._loop = asyncio.get_running_loop()
+            self._loop.add_reader(self._pipe.fileno(), self._on_reply)
+            # uvloop makes a watched descriptor non-blocking; whole messages are sent and read here: the
+            # child is idle when a batch is sent, and a readable pipe holds the start of a whole reply
+            os.set_blocking(self._pipe.fileno(), True)
+        try:
+            self._pipe.send((queries, k))
+        except OSError:
+            raise self._gone() from None
+        reply = self._loop.create_future()
+        self._replies.append(reply)
+        return await reply
+
+    def _on_reply(self) -> None:
+        try:
+            replies = [self._pipe.recv()]
+        except (EOFError, OSError):  # every search still waiting fails, and so will every later one
+            self._loop.remove_reader(self._pipe.fileno())
+            replies = [(True, self._gone())] * len(self._replies)
+        for failed, payload in replies:
+            future = self._replies.popleft()
+            if not future.done():  # its waiter may have been cancelled
+                future.set_exception(payload) if failed else future.set_result(payload)
+
+    def _exit(self) -> str:
+        self._process.join(timeout=5)
+        return f"exit code {self._process.exitcode}"
+
+    def _gone(self) -> RuntimeError:
+        reason = f"the search process is gone ({self._exit()})"
+        self._on_exit(reason)
+        return RuntimeError(reason)
+
+    def close(self) -> None:
+        if self._loop is not None and not self._loop.is_closed():
+            self._loop.remove_reader(self._pipe.fileno())
+        self._pipe.close()
+        self._process.join(timeout=10)
+        if self._process.is_alive():
+            self._process.kill()
+            self._process.join()
+
+
+def _serve_searches(pipe, index_dir: Path, options: LoadOptions, warm_up_depth: int, threads: int | None) -> None:
+    """The child: load, warm up, report ready (or the error), then answer batches until the pipe closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server decides
+    if threads:
+        import torch
+
+        torch.set_num_threads(threads)
+    try:
+        searcher = Searcher(index_dir, options)
+        searcher.search(["warm up"], warm_up_depth)  # JIT compilation and first-call costs before "ready"
+    except Exception as exc:
+        pipe.send((True, exc if isinstance(exc, IndexLoadError) else IndexLoadError(f"{type(exc).__name__}: {exc}")))
+        return
+    pipe.send((False, searcher.description))
+    while True:
+        try:
+            queries, k = pipe.recv()
+        except (EOFError, OSError):
+            return
+        try:
+            reply = (False, searcher.search(queries, k))
+        except Exception as exc:  # the server turns it into a 500 for this batch's callers
+            reply = (True, RuntimeError(f"search failed: {type(exc).__name__}: {exc}"))
+        try:
+            pipe.send(reply)
+        except OSError:
+            return
