@@ -55,7 +55,9 @@ def test_demonstration_is_a_valid_memsearcher_trajectory():
     door = Door("century", "born", "album")
     search, memory, answer = demonstration(door, "<|im_end|>")
     assert parse_tool_call_action(search, "wikipedia_search").query == "password of station century at gate born"
-    assert parse_memory(memory) == ("The password is album.", True)
+    statement = "The password of station century at gate born is album."
+    assert door.passage.endswith(statement)  # memory and answer repeat the passage's sentence: a copy
+    assert parse_memory(memory) == (statement, True)
     assert parse_tool_call_action(answer, "wikipedia_search").answer == "album"
     assert answer.endswith("<|im_end|>")
 
@@ -73,10 +75,13 @@ def test_searching_a_door_finds_its_own_passage_first(task):
     paths, url = task
     questions = [json.loads(line) for line in paths["qa"].read_text().splitlines()]
     demos = [Door(**json.loads(line)) for line in paths["demos"].read_text().splitlines()]
-    assert len(questions) == 16 and len(demos) == 32
-    queries = [json.loads(demonstration(d, "")[0].split("<tool_call>")[1][: -len("</tool_call>")]) for d in demos]
-    body = {"queries": [q["question"] for q in questions] + [q["arguments"]["query"] for q in queries], "topk": 1}
-    results = httpx.post(f"{url}/retrieve", json=body, timeout=30).json()["result"]
+    assert len(questions) == 16 and len(demos) == 40 * 40 - 16
+    calls = [json.loads(demonstration(d, "")[0].split("<tool_call>")[1][: -len("</tool_call>")]) for d in demos]
+    queries = [q["question"] for q in questions] + [call["arguments"]["query"] for call in calls]
+    results = []
+    for start in range(0, len(queries), 1000):  # the server's default limit is 1024 queries a request
+        body = {"queries": queries[start : start + 1000], "topk": 1}
+        results += httpx.post(f"{url}/retrieve", json=body, timeout=30).json()["result"]
     expected = [(q["question"], q["golden_answers"][0]) for q in questions] + [(d.question, d.password) for d in demos]
     for (question, password), hits in zip(expected, results, strict=True):
         door = question.removeprefix("What is the password of ").removesuffix("?")

@@ -5,12 +5,15 @@ password ("album"); the question asks for it. Nothing but retrieval gives the pa
 MemSearcher that searches for the door, keeps the password in memory and answers `\\boxed{ album}`
 scores F1 = 1; a valid format with a wrong password scores 0.1 (`f1_with_format`).
 
-Stations, gates and passwords are small sets of words the tokenizer writes as one token after a
-space, and every door's password is drawn at random. The warm start's demonstrations and the task
-use disjoint doors (station x gate pairs), so memorising the demonstrations' passwords is worth
-nothing on the task: only searching and reading is. What must be copied is a token from a small,
-seen set (which station, which gate, which password), which a two-layer model can learn to pick out
-of its context in minutes; copying arbitrary unseen names is beyond it.
+Stations, gates and passwords are words the tokenizer writes as one token after a space, and every
+door's password is drawn at random. The warm start's demonstrations and the task use disjoint doors
+(station x gate pairs), and there are so many demonstration doors (1,584 of 40 x 40) that
+remembering their passwords is harder than reading them: the model has to learn to copy. The
+demonstrated memory and final thought restate the passage's sentence word for word ("The password
+of station century at gate born is album."), so copying is continuing a repeat, which is what
+copy pretraining teaches a random model. With 8 stations x 6 gates and a memory that paraphrased
+("The password is album.") the warm-started model remembered the 32 demonstration doors' passwords
+instead and answered the task at chance (docs/cpu.md).
 
 A random model never writes the format, so `warm_start` first shows it the way: the real MemSearcher
 agent loop plays scripted demonstrations against the real retriever, and a short supervised pass on
@@ -45,8 +48,12 @@ class Door:
         return f"station {self.station} at gate {self.gate}"
 
     @property
+    def statement(self) -> str:
+        return f"The password of {self.name} is {self.password}."
+
+    @property
     def passage(self) -> str:
-        return f'"station {self.station} gate {self.gate}"\nThe password of {self.name} is {self.password}.'
+        return f'"station {self.station} gate {self.gate}"\n{self.statement}'
 
     @property
     def question(self) -> str:
@@ -70,7 +77,7 @@ def single_token_words(tokenizer) -> list[str]:
 
 
 def make_doors(
-    words: list[str], stations: int = 8, gates: int = 6, passwords: int = 8, task_count: int = 16, seed: int = 0
+    words: list[str], stations: int = 40, gates: int = 40, passwords: int = 8, task_count: int = 16, seed: int = 0
 ) -> tuple[list[Door], list[Door]]:
     """All `stations` x `gates` doors, split into the task's `task_count` and the demonstrations' rest.
 
@@ -121,8 +128,8 @@ def demonstration(door: Door, eos_token: str, tool_name: str = "wikipedia_search
     call = json.dumps({"name": tool_name, "arguments": {"query": query}})
     return [
         f"<think> I must search for the password. </think>\n<tool_call>{call}</tool_call>",
-        f"<memory> The password is {door.password}. </memory>",
-        f"<think> My memory holds the password. </think>\n\\boxed{{ {door.password}}}{eos_token}",
+        f"<memory> {door.statement} </memory>",
+        f"<think> {door.statement} </think>\n\\boxed{{ {door.password}}}{eos_token}",
     ]
 
 
@@ -171,8 +178,8 @@ def main(argv: list[str] | None = None) -> int:
     task = sub.add_parser("task", help="write corpus.jsonl, qa.jsonl and demos.jsonl")
     task.add_argument("--out", type=Path, required=True)
     task.add_argument("--tokenizer", type=Path, required=True, help="tokenizer directory (words are its tokens)")
-    task.add_argument("--stations", type=int, default=8)
-    task.add_argument("--gates", type=int, default=6, help="gates per station")
+    task.add_argument("--stations", type=int, default=40)
+    task.add_argument("--gates", type=int, default=40, help="gates per station")
     task.add_argument("--passwords", type=int, default=8, help="distinct passwords")
     task.add_argument("--task-doors", type=int, default=16, help="doors asked about; the others are demonstrated")
     task.add_argument("--seed", type=int, default=0)
@@ -184,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     warm.add_argument("--retriever", required=True, help="URL of the retriever serving the task's corpus")
     warm.add_argument("--agent-loops", required=True, help="agent-loop YAML with the memsearcher entry to play")
     warm.add_argument("--copy-steps", type=int, default=800, help="copy pretraining steps before the demonstrations")
-    warm.add_argument("--steps", type=int, default=800, help="supervised steps on the demonstrations")
+    warm.add_argument("--steps", type=int, default=500, help="supervised steps on the demonstrations")
     warm.add_argument("--lr", type=float, default=1e-3)
     warm.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
