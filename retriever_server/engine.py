@@ -1,10 +1,11 @@
 """The search runtime behind the HTTP API: an LRU cache, de-duplication of identical queries in
 flight, and coalescing of concurrent queries into shared batches for the search process.
 
-Everything runs on the event loop, so cache and bookkeeping need no locks; the searcher (encoder +
-index, `search_process.py`) gets one batch at a time. Each query is searched to a fixed depth (the
-server's topk maximum) and cached by its text, so every topk is served from one entry and a query's
-answer does not depend on what it was batched with.
+Everything but the searcher call runs on the event loop, so cache and bookkeeping need no locks;
+one worker thread hands a batch at a time to the search process (`search_process.py`) and waits
+for its answer without holding the GIL.
+Each query is searched to a fixed depth (the server's topk maximum) and cached by its text, so
+every topk is served from one entry and a query's answer does not depend on what it was batched with.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import time
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +63,7 @@ class SearchEngine:
         self._in_flight: dict[str, asyncio.Future] = {}
         self._pending: list[str] = []
         self._wakeup = asyncio.Event()
+        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search")
         self._worker: asyncio.Task | None = None
 
     async def search(self, queries: list[str]) -> list[Hits]:
@@ -88,6 +91,7 @@ class SearchEngine:
         return [w if isinstance(w, Hits) else await asyncio.shield(w) for w in waits]
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
         while True:
             await self._wakeup.wait()
             if self._max_wait_s and len(self._pending) < self._max_batch:
@@ -97,7 +101,7 @@ class SearchEngine:
                 self._wakeup.clear()
             started = time.perf_counter()
             try:
-                rows, scores = await self.searcher.search(batch, self._depth)
+                rows, scores = await loop.run_in_executor(self._executor, self.searcher.search, batch, self._depth)
             except Exception as exc:  # the searcher failed: every waiter gets the error (a 500)
                 for query in batch:
                     _resolve(self._in_flight.pop(query), exception=exc)
@@ -119,6 +123,7 @@ class SearchEngine:
     def close(self) -> None:
         if self._worker is not None:
             self._worker.cancel()
+        self._executor.shutdown(wait=False, cancel_futures=True)
 
 
 def _resolve(future: asyncio.Future, *, result: Hits | None = None, exception: Exception | None = None) -> None:

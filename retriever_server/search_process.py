@@ -3,23 +3,20 @@
 In the server's process the encoder would share Python's GIL with the HTTP event loop: each time it
 returns to Python (tokenizer, padding, pooling, faiss, result arrays) it waits for the loop to yield
 the GIL, up to the 5 ms switch interval at a time. In a child process each has an interpreter of its
-own and the operating system runs them on separate cores. The event loop sends query batches down a
-pipe and reads the (rows, scores) answers when the pipe is readable: no thread of the server's waits
-for the child, so no GIL hand-over sits between two batches. Cache, de-duplication and coalescing
-stay in the server (engine.py).
+own and the operating system runs them on separate cores. The server's search thread sends a query
+batch down a pipe and waits for the (rows, scores) answer without holding the GIL. Cache,
+de-duplication and coalescing stay in the server (engine.py). (Reading the pipe on the event loop
+itself, with one or two batches in flight, measured no better: see docs/retriever.md.)
 
 The child stops when the pipe closes: on `close()`, and when the server dies in any way (its end of
 the pipe closes with it), so no search process outlives its server. A child that dies first fails
-the searches waiting for it and calls `on_exit` (the server then stops with the reason).
+the search that finds it gone and calls `on_exit` (the server then stops with the reason).
 """
 
 from __future__ import annotations
 
-import asyncio
 import multiprocessing
-import os
 import signal
-from collections import deque
 from collections.abc import Callable
 from pathlib import Path
 
@@ -30,7 +27,7 @@ from retriever_server.index import IndexLoadError, LoadOptions, Searcher
 
 
 class SearchProcess:
-    """A `Searcher` loaded and run in a child process: `await search(queries, k)`, plus the corpus
+    """A `Searcher` loaded and run in a child process: `search(queries, k)`, plus the corpus
     `store` and the index `description`. Loading blocks; a failure raises the child's `IndexLoadError`."""
 
     def __init__(
@@ -42,8 +39,6 @@ class SearchProcess:
         threads: int | None = None,
         on_exit: Callable[[str], None] = lambda reason: None,
     ):
-        self._replies: deque[asyncio.Future] = deque()  # the child answers in the order it is asked
-        self._loop: asyncio.AbstractEventLoop | None = None
         context = multiprocessing.get_context("spawn")  # no fork of a process with threads running
         self._pipe, child_end = context.Pipe()
         self._process = context.Process(
@@ -66,32 +61,16 @@ class SearchProcess:
         self._on_exit = on_exit
         self.store = CorpusStore(Path(index_dir) / "corpus")  # memory-mapped: pages shared with the child's
 
-    async def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k (rows, scores) of each query, searched by the child."""
-        if self._loop is None:
-            self._loop = asyncio.get_running_loop()
-            self._loop.add_reader(self._pipe.fileno(), self._on_reply)
-            # uvloop makes a watched descriptor non-blocking; whole messages are sent and read here: the
-            # child is idle when a batch is sent, and a readable pipe holds the start of a whole reply
-            os.set_blocking(self._pipe.fileno(), True)
+    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k (rows, scores) of each query, searched by the child; called by one thread at a time."""
         try:
             self._pipe.send((queries, k))
-        except OSError:
+            failed, payload = self._pipe.recv()
+        except (EOFError, OSError):
             raise self._gone() from None
-        reply = self._loop.create_future()
-        self._replies.append(reply)
-        return await reply
-
-    def _on_reply(self) -> None:
-        try:
-            replies = [self._pipe.recv()]
-        except (EOFError, OSError):  # every search still waiting fails, and so will every later one
-            self._loop.remove_reader(self._pipe.fileno())
-            replies = [(True, self._gone())] * len(self._replies)
-        for failed, payload in replies:
-            future = self._replies.popleft()
-            if not future.done():  # its waiter may have been cancelled
-                future.set_exception(payload) if failed else future.set_result(payload)
+        if failed:
+            raise payload
+        return payload
 
     def _exit(self) -> str:
         self._process.join(timeout=5)
@@ -103,8 +82,6 @@ class SearchProcess:
         return RuntimeError(reason)
 
     def close(self) -> None:
-        if self._loop is not None and not self._loop.is_closed():
-            self._loop.remove_reader(self._pipe.fileno())
         self._pipe.close()
         self._process.join(timeout=10)
         if self._process.is_alive():

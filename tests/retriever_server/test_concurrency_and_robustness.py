@@ -128,6 +128,7 @@ def test_a_server_whose_search_process_dies_exits_with_the_reason(retriever_serv
     # beside multiprocessing's resource tracker
     (searcher,) = [child for child in children if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
     os.kill(int(searcher), signal.SIGKILL)
+    assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Porcaro"]}).status_code == 500
     assert server.process.wait(timeout=60) == 1
     assert "the search process is gone (exit code -9)" in server.log.read_text()
 
