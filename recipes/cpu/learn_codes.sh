@@ -13,7 +13,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 WORK=$(mkdir -p "${WORK:-$ROOT/outputs/cpu/learn_codes}" && cd "${WORK:-$ROOT/outputs/cpu/learn_codes}" && pwd)
 SEED=${SEED:-0}
 COPY_STEPS=${COPY_STEPS:-800}
-WARM_STEPS=${WARM_STEPS:-500}
+WARM_STEPS=${WARM_STEPS:-400}
 
 verl-memagent tiny-model --out "$WORK/model" --seed "$SEED" >/dev/null
 python -m verl_memagent.cpu.codes_task task --out "$WORK/task" --tokenizer "$WORK/model" --seed "$SEED" \

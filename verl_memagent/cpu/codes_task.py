@@ -191,7 +191,7 @@ def main(argv: list[str] | None = None) -> int:
     warm.add_argument("--retriever", required=True, help="URL of the retriever serving the task's corpus")
     warm.add_argument("--agent-loops", required=True, help="agent-loop YAML with the memsearcher entry to play")
     warm.add_argument("--copy-steps", type=int, default=800, help="copy pretraining steps before the demonstrations")
-    warm.add_argument("--steps", type=int, default=500, help="supervised steps on the demonstrations")
+    warm.add_argument("--steps", type=int, default=400, help="supervised steps on the demonstrations")
     warm.add_argument("--lr", type=float, default=1e-3)
     warm.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
