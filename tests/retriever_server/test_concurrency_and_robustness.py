@@ -133,6 +133,20 @@ def test_a_server_whose_search_process_dies_exits_with_the_reason(retriever_serv
     assert "the search process is gone (exit code -9)" in server.log.read_text()
 
 
+def _vm_hwm_mb(pid: int | str) -> float:
+    (line,) = [line for line in Path(f"/proc/{pid}/status").read_text().splitlines() if line.startswith("VmHWM:")]
+    return int(line.split()[1]) / 1024
+
+
+def test_peak_rss_counts_the_search_process(retriever_server, bm25_index_dir):
+    """The index lives in the search process: a server's memory is both processes', not the HTTP one's."""
+    server = retriever_server(bm25_index_dir, *NUMPY_BM25)
+    pid = server.process.pid
+    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
+    (searcher,) = [child for child in children if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
+    assert server.peak_rss_mb() >= round(_vm_hwm_mb(pid) + _vm_hwm_mb(searcher), 1) > _vm_hwm_mb(pid)
+
+
 def _serve(index_dir) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0"]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
