@@ -76,8 +76,8 @@ def test_searching_a_door_finds_its_own_passage_first(task):
     questions = [json.loads(line) for line in paths["qa"].read_text().splitlines()]
     demos = [Door(**json.loads(line)) for line in paths["demos"].read_text().splitlines()]
     assert len(questions) == 16 and len(demos) == 40 * 40 - 16
-    calls = [json.loads(demonstration(d, "")[0].split("<tool_call>")[1][: -len("</tool_call>")]) for d in demos]
-    queries = [q["question"] for q in questions] + [call["arguments"]["query"] for call in calls]
+    searches = [parse_tool_call_action(demonstration(d, "")[0], "wikipedia_search").query for d in demos]
+    queries = [q["question"] for q in questions] + searches
     results = []
     for start in range(0, len(queries), 1000):  # the server's default limit is 1024 queries a request
         body = {"queries": queries[start : start + 1000], "topk": 1}

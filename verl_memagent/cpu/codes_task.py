@@ -27,7 +27,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from retriever_server.bm25 import terms
@@ -113,7 +113,7 @@ def write_task(out: Path, tokenizer, seed: int = 0, base_corpus: Path | None = N
             f.write("\n")
     with paths["demos"].open("w", encoding="utf-8") as f:
         for door in demos:
-            f.write(json.dumps({"station": door.station, "gate": door.gate, "password": door.password}) + "\n")
+            f.write(json.dumps(asdict(door)) + "\n")
     return paths
 
 
