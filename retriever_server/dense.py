@@ -5,6 +5,7 @@
 - `ivfpq`: faiss IndexIVFPQ, approximate, compressed for CPU memory.
 - `torch`: the embedding matrix itself, searched by matrix product: fp16 and sharded over the visible
   GPUs when there are any (no faiss-gpu needed), fp32 on CPU.
+faiss is imported by the faiss kinds only: building or serving a `torch` index does not need it.
 """
 
 from __future__ import annotations
@@ -12,7 +13,6 @@ from __future__ import annotations
 import math
 from pathlib import Path
 
-import faiss
 import numpy as np
 import torch
 from tqdm import tqdm
@@ -25,6 +25,8 @@ EMBEDDINGS_FILE = "embeddings.npy"
 
 def build_faiss(embeddings: np.ndarray, kind: str, path: Path, *, chunk: int = 65536, show_progress: bool = True):
     """Build a faiss index of `kind` from float32 [n, d] embeddings and write it to `path`."""
+    import faiss
+
     n, dim = embeddings.shape
     if kind == "flat":
         index = faiss.IndexFlatIP(dim)
@@ -49,6 +51,8 @@ class FaissIndex:
     """A faiss index read from disk (memory-mapped where the index type allows it)."""
 
     def __init__(self, path: Path, *, nprobe: int = 32, ef_search: int = 128):
+        import faiss
+
         flags = faiss.IO_FLAG_MMAP | faiss.IO_FLAG_READ_ONLY
         try:
             self._index = faiss.read_index(str(path), flags)
@@ -56,46 +60,74 @@ class FaissIndex:
             self._index = faiss.read_index(str(path))
         if hasattr(self._index, "nprobe"):
             self._index.nprobe = nprobe
-        self._ef_search = ef_search
+        self._ef_search = ef_search if isinstance(self._index, faiss.IndexHNSW) else None
         self.ntotal, self.dim = int(self._index.ntotal), int(self._index.d)
 
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-        if isinstance(self._index, faiss.IndexHNSW):
+        if self._ef_search is not None:
             self._index.hnsw.efSearch = max(self._ef_search, k)
         scores, rows = self._index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
         return rows.astype(np.int64), scores
 
 
 class TorchIndex:
-    """Exact inner-product search by matrix product; rows sharded over the visible GPUs."""
+    """Exact inner-product search by matrix product; rows sharded over the visible GPUs.
 
-    def __init__(self, path: Path, *, devices: list[torch.device] | None = None):
+    Rows travel from the memory-mapped file to their device `copy_rows` at a time (cast to fp16 there
+    on GPU), so the host never holds a shard: 21M e5 vectors are 64 GB in fp32 on disk, 32 GB on the
+    GPU. A query batch is scored against at most `block_scores` / batch rows at once, keeping each
+    block's top k, so the score matrix stays bounded however many rows a shard holds."""
+
+    def __init__(
+        self,
+        path: Path,
+        *,
+        devices: list[torch.device] | None = None,
+        copy_rows: int = 1 << 18,
+        block_scores: int = 1 << 27,
+    ):
         matrix = np.load(path, mmap_mode="r")
         if matrix.ndim != 2:
             raise ValueError(f"{path}: expected a 2-D embedding matrix, got shape {matrix.shape}")
         if devices is None:
             devices = [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())] or [torch.device("cpu")]
         self.ntotal, self.dim = matrix.shape
+        self._block_scores = block_scores
         bounds = np.linspace(0, self.ntotal, len(devices) + 1).astype(int)
         self._shards = []
         for device, start, stop in zip(devices, bounds[:-1], bounds[1:], strict=True):
+            if stop == start:  # more devices than rows
+                continue
             dtype = torch.float16 if device.type == "cuda" else torch.float32
-            shard = torch.from_numpy(np.array(matrix[start:stop], dtype=np.float32))  # a copy: off disk
-            self._shards.append((int(start), shard.to(device=device, dtype=dtype)))
+            shard = torch.empty((stop - start, self.dim), dtype=dtype, device=device)
+            for first in range(start, stop, copy_rows):
+                last = min(first + copy_rows, stop)
+                shard[first - start : last - start] = torch.from_numpy(np.array(matrix[first:last]))
+            self._shards.append((int(start), shard))
 
     @torch.inference_mode()
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
         query = torch.from_numpy(np.ascontiguousarray(vectors, dtype=np.float32))
-        all_scores, all_rows = [], []
+        block = max(1, self._block_scores // max(1, len(query)))
+        per_shard = []
         for start, shard in self._shards:
-            scores = query.to(device=shard.device, dtype=shard.dtype) @ shard.T
-            top = torch.topk(scores.float(), min(k, shard.shape[0]), dim=1)
-            all_scores.append(top.values.cpu())
-            all_rows.append(top.indices.cpu() + start)
-        scores, rows = torch.cat(all_scores, dim=1), torch.cat(all_rows, dim=1)
-        top = torch.topk(scores, min(k, scores.shape[1]), dim=1)
-        rows = torch.gather(rows, 1, top.indices)
-        return _pad(rows.numpy().astype(np.int64), top.values.numpy(), k)
+            on_device = query.to(device=shard.device, dtype=shard.dtype)
+            tops = []
+            for first in range(0, shard.shape[0], block):
+                scores = on_device @ shard[first : first + block].T
+                values, rows = torch.topk(scores, min(k, scores.shape[1]), dim=1)
+                tops.append((values, rows + (start + first)))
+            values, rows = _top_k(tops, k)
+            per_shard.append((values.float().cpu(), rows.cpu()))
+        values, rows = _top_k(per_shard, k)
+        return _pad(rows.numpy().astype(np.int64), values.numpy(), k)
+
+
+def _top_k(parts: list[tuple[torch.Tensor, torch.Tensor]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """The k best (score, row) pairs per query over several blocks' own best."""
+    values, rows = torch.cat([v for v, _ in parts], dim=1), torch.cat([r for _, r in parts], dim=1)
+    values, best = torch.topk(values, min(k, values.shape[1]), dim=1)
+    return values, torch.gather(rows, 1, best)
 
 
 def _pad(rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

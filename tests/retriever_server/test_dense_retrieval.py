@@ -175,8 +175,11 @@ def test_faiss_kinds_agree_with_the_exact_torch_index(torch_index, tmp_path):
     queries = embeddings[::7] + 0.05 * np.random.default_rng(0).standard_normal(embeddings[::7].shape, np.float32)
     exact_rows, exact_scores = TorchIndex(torch_index / EMBEDDINGS_FILE).search(queries, 10)
     np.testing.assert_allclose(exact_scores, np.sort(queries @ embeddings.T, axis=1)[:, ::-1][:, :10], rtol=1e-5)
-    # the shard-and-merge path that spreads the matrix over several GPUs, here over three CPU shards
-    sharded = TorchIndex(torch_index / EMBEDDINGS_FILE, devices=[torch.device("cpu")] * 3)
+    # the shard-and-merge path that spreads the matrix over several GPUs, here over three CPU shards,
+    # each copied in 7-row slices and scored 4 rows at a time (fewer than k: blocks keep what they have)
+    sharded = TorchIndex(
+        torch_index / EMBEDDINGS_FILE, devices=[torch.device("cpu")] * 3, copy_rows=7, block_scores=4 * len(queries)
+    )
     sharded_rows, sharded_scores = sharded.search(queries, 10)
     np.testing.assert_array_equal(sharded_rows, exact_rows)
     np.testing.assert_allclose(sharded_scores, exact_scores, rtol=1e-6)
