@@ -98,10 +98,10 @@ class Encoder:
         if quantize == "int8" and self.device.type != "cpu":
             raise ValueError("quantize: int8 runs on CPU only (the GPU encoder runs in fp16); use --quantize none")
         self._tokenizer = AutoTokenizer.from_pretrained(spec.model)
-        model = AutoModel.from_pretrained(spec.model).eval()
-        if self.device.type == "cuda":
-            model = model.half()
-        elif quantize == "int8":
+        # transformers 5 loads a checkpoint in its stored dtype: a half-precision one would run so on CPU
+        dtype = torch.float16 if self.device.type == "cuda" else torch.float32
+        model = AutoModel.from_pretrained(spec.model, dtype=dtype).eval()
+        if quantize == "int8":
             model = quantize_int8(model)
         model = model.to(self.device)
         self.dim = int(model.config.hidden_size)

@@ -91,6 +91,21 @@ def test_encoder_matches_sentence_transformers_in_input_order(minilm_dir, subset
     np.testing.assert_allclose(np.linalg.norm(ours, axis=1), 1.0, atol=1e-5)
 
 
+def test_a_half_precision_checkpoint_runs_in_fp32_on_cpu(minilm_dir, tmp_path):
+    """transformers 5 loads the stored dtype; the CPU encoder must compute in fp32 all the same."""
+    from transformers import AutoModel
+
+    model = AutoModel.from_pretrained(minilm_dir)
+    model.half().save_pretrained(tmp_path / "fp16")
+    model.float().save_pretrained(tmp_path / "rounded")  # the same fp16-rounded weights, stored in fp32
+    for name in ("fp16", "rounded"):
+        for tokenizer_file in Path(minilm_dir).glob("*.txt"):
+            (tmp_path / name / tokenizer_file.name).write_bytes(tokenizer_file.read_bytes())
+    texts = ["short", "a somewhat longer query about a film director"]
+    half, rounded = (Encoder(resolve_spec(str(tmp_path / name)), device="cpu") for name in ("fp16", "rounded"))
+    np.testing.assert_allclose(half.encode_queries(texts), rounded.encode_queries(texts), atol=1e-6)
+
+
 class _Toy(torch.nn.Module):
     """Hidden states from the attention mask; doubled for batches of several texts when `branchy`
     (Python control flow on a shape, which a trace freezes)."""
