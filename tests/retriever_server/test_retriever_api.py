@@ -138,6 +138,31 @@ def test_bearer_token_is_required_when_configured(retriever_server, bm25_index_d
     assert httpx.get(f"{url}/health").status_code == 200
 
 
+def test_bm25_scores_are_lucenes_with_pyserinis_parameters(tmp_path):
+    """Lucene's BM25, k1 = 0.9 and b = 0.4, worked by hand: after stop words and stemming the
+    passages hold 3, 6, 5 and 2 terms (mean 4), and "cat" is in three of the four."""
+    from retriever_server.index import LoadOptions, Searcher, build_index
+
+    texts = [
+        "Cats chase mice",
+        "The cat sleeps all day long in the sun",
+        "Dogs bark at cats and cats run",
+        "Birds sing",
+    ]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(json.dumps({"id": f"d{i}", "contents": t}) + "\n" for i, t in enumerate(texts)))
+    meta = build_index("bm25", corpus, tmp_path / "index", show_progress=False)
+    assert (meta["bm25"]["k1"], meta["bm25"]["b"]) == (0.9, 0.4)
+    idf = np.log(1 + (4 - 3 + 0.5) / (3 + 0.5))
+    expected = {
+        row: idf * tf / (tf + 0.9 * (1 - 0.4 + 0.4 * length / 4))
+        for row, tf, length in [(0, 1, 3), (1, 1, 6), (2, 2, 5)]
+    }
+    rows, scores = Searcher(tmp_path / "index", LoadOptions(bm25_backend="numpy")).search(["cat"], 4)
+    assert rows[0].tolist() == [2, 0, 1, -1]  # "Birds sing" does not match: no filler
+    np.testing.assert_allclose(scores[0][:3], [expected[2], expected[0], expected[1]], rtol=1e-6)
+
+
 def test_numba_scoring_answers_like_numpy(bm25_index_dir, questions):
     from retriever_server.bm25 import BM25Index
 
