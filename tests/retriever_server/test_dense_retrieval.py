@@ -6,6 +6,7 @@ passages as distractors, 300 passages in all.
 """
 
 import asyncio
+import collections
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ import torch
 
 from retriever_server.corpus import CorpusStore
 from retriever_server.dense import EMBEDDINGS_FILE, FaissIndex, TorchIndex, build_faiss
-from retriever_server.encoders import BGE_QUERY_INSTRUCTION, Encoder, forward_fn, resolve_spec
+from retriever_server.encoders import BGE_QUERY_INSTRUCTION, PAD_MULTIPLE, Encoder, forward_fn, resolve_spec
 from retriever_server.index import LoadOptions, Searcher
 from retriever_server.quantize import Int8Linear
 
@@ -84,7 +85,7 @@ def test_encoder_matches_sentence_transformers_in_input_order(minilm_dir, subset
 
     texts = [row["contents"] for row in subset[2][:12]] + ["short", "a somewhat longer query about a film director"]
     encoder = Encoder(resolve_spec(minilm_dir), device="cpu")
-    assert encoder.traced  # on CPU the model runs as TorchScript
+    assert encoder.runner == "traced"  # on CPU the fp32 model runs as TorchScript
     ours = encoder.encode_passages(texts, batch_size=8)
     reference = SentenceTransformer(minilm_dir, device="cpu").encode(texts, batch_size=8, normalize_embeddings=True)
     np.testing.assert_allclose(ours, reference, atol=2e-5)
@@ -119,13 +120,33 @@ class _Toy(torch.nn.Module):
         return SimpleNamespace(last_hidden_state=hidden * (2.0 if self.branchy and input_ids.shape[0] > 1 else 1.0))
 
 
+class _Doubled(_Toy):
+    def forward(self, input_ids, attention_mask):
+        return SimpleNamespace(last_hidden_state=2.0 * super().forward(input_ids, attention_mask).last_hidden_state)
+
+
 def test_a_trace_is_used_only_where_it_reproduces_the_model(tokenizer):
     inputs = tokenizer(["one text"], return_tensors="pt")
-    for branchy, traced in ((False, True), (True, False)):
-        forward, is_traced = forward_fn(_Toy(branchy), tokenizer, traced=True)
-        assert is_traced == traced
+    for branchy, expected in ((False, "traced"), (True, "eager")):
+        forward, runner = forward_fn(_Toy(branchy), tokenizer, runner="traced")
+        assert runner == expected
         np.testing.assert_array_equal(forward(inputs).numpy(), 3.0 * np.ones((1, inputs["input_ids"].shape[1], 4)))
-    assert forward_fn(_Toy(False), tokenizer, traced=False)[1] is False
+    assert forward_fn(_Toy(False), tokenizer, runner="eager")[1] == "eager"
+    with pytest.raises(ValueError, match="runner: expected one of"):
+        forward_fn(_Toy(False), tokenizer, runner="onnx")
+
+
+def test_a_model_that_does_not_compile_runs_traced(tokenizer):
+    """No working C++ compiler (inductor's on-disk cache off, so it is needed): a warning, then TorchScript."""
+    inputs = tokenizer(["one text", "two"], return_tensors="pt", padding=True)
+    forward, runner = forward_fn(_Toy(False), tokenizer, runner="compiled")
+    assert runner == "compiled"
+    np.testing.assert_array_equal(forward(inputs).numpy(), 3.0 * inputs["attention_mask"][..., None].expand(-1, -1, 4))
+    no_compiler = {"cpp.cxx": ("/nonexistent/c++",), "force_disable_caches": True}
+    with torch._inductor.config.patch(no_compiler), pytest.warns(UserWarning, match="torch.compile failed"):
+        forward, runner = forward_fn(_Doubled(False), tokenizer, runner="compiled")  # a model not compiled before
+    assert runner == "traced"
+    np.testing.assert_array_equal(forward(inputs).numpy(), 6.0 * inputs["attention_mask"][..., None].expand(-1, -1, 4))
 
 
 def test_int8_linear_is_the_hand_quantised_product_row_by_row():
@@ -149,13 +170,33 @@ def test_int8_linear_is_the_hand_quantised_product_row_by_row():
     assert quantised(torch.randn(2, 5, 4)).shape == (2, 5, 3)
 
 
-def test_int8_query_encoder_keeps_the_fp32_rankings(minilm_dir, subset, torch_index):
+@pytest.fixture(scope="module")
+def int8_encoder(minilm_dir) -> Encoder:
+    return Encoder(resolve_spec(minilm_dir), device="cpu", quantize="int8")
+
+
+def test_the_int8_encoder_runs_one_compiled_graph_for_every_batch(int8_encoder, subset):
+    """Compiled at load: batches of 1 to 64 texts and of every padded length run the compiled graph,
+    none compiles on a request (a guard miss would run eagerly: no compiled call in the profile)."""
+    assert int8_encoder.runner == "compiled"
+    texts = [q["question"] for q in subset[1]] + ["short", "a long query " * 30]
+    lengths = [len(ids) for ids in int8_encoder._tokenizer(texts, truncation=True, max_length=256)["input_ids"]]
+    padded = collections.Counter(-(-length // PAD_MULTIPLE) for length in lengths)
+    assert len(padded) >= 4 and max(lengths) > 64
+    with torch.profiler.profile() as profile:
+        for batch_size in (64, 1):
+            int8_encoder.encode_queries(texts, batch_size)
+    calls = [event for event in profile.events() if event.name.startswith("## Call CompiledFxGraph")]
+    assert len(calls) == sum(-(-count // 64) for count in padded.values()) + len(texts)
+
+
+def test_int8_query_encoder_keeps_the_fp32_rankings(minilm_dir, subset, torch_index, int8_encoder):
     """Queries encoded int8 against fp32 passage vectors: close to the fp32 query vectors, the same
     whatever the batch, and the same supporting-passage recall."""
     spec, questions = resolve_spec(minilm_dir), subset[1]
     texts = [q["question"] for q in questions]
     fp32 = Encoder(spec, device="cpu").encode_queries(texts, batch_size=16)
-    int8 = Encoder(spec, device="cpu", quantize="int8")
+    int8 = int8_encoder
     batched, single = int8.encode_queries(texts, batch_size=16), int8.encode_queries(texts, batch_size=1)
     assert np.sum(fp32 * batched, axis=1).min() >= 0.99
     np.testing.assert_array_equal(single, batched)  # each text padded alike, whatever its batch
@@ -172,13 +213,13 @@ def test_int8_query_encoder_keeps_the_fp32_rankings(minilm_dir, subset, torch_in
         Encoder(spec, device="cpu", quantize="int4")
 
 
-def test_the_index_meta_chooses_the_cpu_query_encoder(minilm_dir, subset, torch_index):
+def test_the_index_meta_chooses_the_cpu_query_encoder(minilm_dir, subset, torch_index, int8_encoder):
     """`build --query-quantize` (default int8) is stored in meta.json; `serve` follows it unless told."""
     assert json.loads((torch_index / "meta.json").read_text())["dense"]["query_quantize"] == "int8"
     texts = [q["question"] for q in subset[1][:8]]
     index = TorchIndex(torch_index / EMBEDDINGS_FILE)
     for load, quantize in ((LoadOptions(device="cpu"), "int8"), (LoadOptions(device="cpu", quantize="none"), "none")):
-        encoder = Encoder(resolve_spec(minilm_dir), device="cpu", quantize=quantize)
+        encoder = int8_encoder if quantize == "int8" else Encoder(resolve_spec(minilm_dir), device="cpu")
         expected_rows, expected_scores = index.search(encoder.encode_queries(texts, batch_size=16), 5)
         rows, scores = Searcher(torch_index, load).search(texts, 5)
         np.testing.assert_array_equal(rows, expected_rows)
