@@ -212,7 +212,9 @@ def _compile(eager: _LastHiddenState, warm_up: list[tuple], checks: list[tuple])
     its quantisation). The fused kernels run on one thread (the int8 products still use torch's
     threads): with an OpenMP region in each of them, two threads on this busy two-core machine took
     60 s for 42 queries sent one by one, against 16 s (and 42 s traced). A compiled forward pass
-    agrees with the eager one up to int8 rounding, so the check is on the relative error, not bitwise.
+    agrees with the eager one only up to int8 roundings that flip (MiniLM, 64 questions: each text's
+    hidden states 3% off in the median, 7% at most; int8 against fp32: 8-17%), so the check allows
+    25% per text: it catches a wrong graph (one with another model's weights was 88% off).
     """
     config = getattr(eager.model, "config", None)
     attention = getattr(config, "_attn_implementation", None)  # a transformers model's; switched back on failure
@@ -233,7 +235,7 @@ def _compile(eager: _LastHiddenState, warm_up: list[tuple], checks: list[tuple])
         with torch.inference_mode():
             for inputs in warm_up:
                 call(*inputs)
-            same = all(_close(forward(*inputs), eager(*inputs), rtol=0.05) for inputs in checks)
+            same = all(_close(forward(*inputs), eager(*inputs), rtol=0.25) for inputs in checks)
     except Exception as exc:  # e.g. no C++ compiler
         warnings.warn(f"torch.compile failed, falling back to TorchScript: {type(exc).__name__}: {exc}", stacklevel=3)
         same = False
@@ -245,7 +247,9 @@ def _compile(eager: _LastHiddenState, warm_up: list[tuple], checks: list[tuple])
 
 
 def _close(value: torch.Tensor, reference: torch.Tensor, *, rtol: float) -> bool:
-    return bool(torch.linalg.vector_norm(value - reference) <= rtol * torch.linalg.vector_norm(reference))
+    """Each text's hidden states within `rtol` of the reference's, relative to their norm."""
+    error = torch.linalg.vector_norm(value - reference, dim=(1, 2))
+    return bool((error <= rtol * torch.linalg.vector_norm(reference, dim=(1, 2))).all())
 
 
 def encode_corpus(
