@@ -8,10 +8,11 @@ every gold passage of the multi-hop questions plus distractors, `--dense-passage
            no batching, no cache (how Search-R1's server works, made thread-safe with a lock),
 and drives both over HTTP (aiohttp, this process) at concurrency 1, 8, 64 with 1 and 32 queries per
 request, topk 3, level by level in turn so all see the same machine load. For dense, ours runs
-twice: with the fp32 query encoder (`--quantize none`, as the naive server) and the int8 one
-(`--quantize int8`). Then: a rollout-shaped load (each question sent by 5 trajectories), each
-encoder's in-process ceiling (per-query and batched, fp32 and int8; measured before and after the
-dense levels, averaged), a soak of
+three times: with the fp32 query encoder (`--quantize none`, as the naive server), the int8 one
+(`--quantize int8`), and the int8 one in two search processes (`--search-processes 2`). Then: a
+rollout-shaped load (each question sent by 5 trajectories), each encoder's in-process ceiling
+(per-query and batched, fp32 and int8; measured before and after the dense levels, averaged), a
+soak of
 `--soak-requests` at concurrency 64, and a BM25 scale run on a synthetic corpus of
 `--scale-passages` passages (build time, RSS, qps). Both servers and the ceiling use `--threads`
 torch threads (1 by default: on a shared 2-core machine a second thread mostly waits). Everything
@@ -46,8 +47,12 @@ from retriever_server.process import ServerProcess, serve_command
 
 REPO = Path(__file__).resolve().parent.parent
 TOPK = 3
-# our dense server twice: label -> serve flags (the naive server runs fp32, as Search-R1's)
-DENSE_VARIANTS = {"dense": ["--quantize", "none"], "dense_int8": ["--quantize", "int8"]}
+# our dense server three times: label -> serve flags (the naive server runs fp32, as Search-R1's)
+DENSE_VARIANTS = {
+    "dense": ["--quantize", "none"],
+    "dense_int8": ["--quantize", "int8"],
+    "dense_int8_x2": ["--quantize", "int8", "--search-processes", "2"],
+}
 LEVELS = [(1, 1), (8, 1), (64, 1), (1, 32), (8, 32), (64, 32)]  # (concurrency, queries per request)
 
 
@@ -421,6 +426,11 @@ def main() -> None:
         "dense_int8_fraction_of_int8_ceiling_c64": round(report[f"dense_int8{c64}"]["qps"] / int8_ceiling, 3),
         "dense_int8_p99_c64_ms": report[f"dense_int8{c64}"]["p99_ms"],
         "dense_int8_recall_at_3": report[f"dense_int8{c64}"]["recall_at_3"],
+        "dense_int8_x2_qps_c64": report[f"dense_int8_x2{c64}"]["qps"],
+        "dense_int8_x2_speedup_c64": round(report[f"dense_int8_x2{c64}"]["qps"] / naive_c64, 2),
+        "dense_int8_x2_over_one_encoder_ceiling_c64": round(report[f"dense_int8_x2{c64}"]["qps"] / int8_ceiling, 3),
+        "dense_int8_x2_p99_c64_ms": report[f"dense_int8_x2{c64}"]["p99_ms"],
+        "dense_int8_x2_recall_at_3": report[f"dense_int8_x2{c64}"]["recall_at_3"],
         "dense_int8_rollout_qps": report["dense_int8_rollout"]["qps"],
         "dense_int8_rollout_speedup": round(report["dense_int8_rollout"]["qps"] / naive_rollout, 2),
         "dense_p99_c64_ms": report[f"dense{c64}"]["p99_ms"],

@@ -57,6 +57,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--bm25-backend", default="auto", choices=("auto", "numba", "numpy"),
                        help="bm25 scoring: numba is much faster but compiles at start-up")  # fmt: skip
     serve.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    serve.add_argument(
+        "--search-processes", type=int, default=1, help="searchers (encoder + index), each a process loading the index"
+    )
     serve.add_argument("--log-level", default="warning")
     return parser
 
@@ -86,6 +89,8 @@ def _serve(args: argparse.Namespace) -> int:
     from retriever_server.app import ServerLimits
     from retriever_server.server import serve
 
+    if args.search_processes < 1:
+        raise ValueError(f"--search-processes: expected at least 1, got {args.search_processes}")
     token = None
     if args.token_env:
         token = os.environ.get(args.token_env)
@@ -115,6 +120,7 @@ def _serve(args: argparse.Namespace) -> int:
         port_file=args.port_file,
         log_level=args.log_level,
         threads=args.threads,
+        search_processes=args.search_processes,
     )
 
 

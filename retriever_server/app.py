@@ -150,7 +150,7 @@ def create_app(limits: ServerLimits) -> FastAPI:
         return _json(payload)
 
     def documents(hits: Hits, topk: int, with_scores: bool, nested: bool) -> list[dict]:
-        store = app.state.engine.searcher.store
+        store = app.state.engine.searchers[0].store
         out = []
         for row, score in zip(hits.rows[:topk].tolist(), hits.scores[:topk].tolist(), strict=True):
             if row < 0:
@@ -188,7 +188,7 @@ def create_app(limits: ServerLimits) -> FastAPI:
         engine: SearchEngine | None = app.state.engine
         if engine is None:
             return _json({"status": "loading"}, 503)
-        return _json({"status": "ready", **engine.searcher.description})
+        return _json({"status": "ready", **engine.searchers[0].description})
 
     @app.get("/stats", dependencies=[Depends(authorize)])
     async def stats() -> Response:
@@ -200,7 +200,7 @@ def create_app(limits: ServerLimits) -> FastAPI:
             "requests": dict(metrics.requests),
             "client_errors": metrics.client_errors,
             "latency_ms": metrics.percentiles(),
-            "index": engine.searcher.description if engine is not None else None,
+            "index": engine.searchers[0].description if engine is not None else None,
         }
         if engine_stats is not None:
             payload.update(
@@ -208,6 +208,7 @@ def create_app(limits: ServerLimits) -> FastAPI:
                 cache_hits=engine_stats.cache_hits,
                 joined_in_flight=engine_stats.joined_in_flight,
                 batches=engine_stats.batches,
+                batches_per_search_process=engine_stats.batches_per_search_process,
                 searched=engine_stats.searched,
                 mean_batch=round(engine_stats.searched / engine_stats.batches, 2) if engine_stats.batches else None,
                 search_seconds=round(engine_stats.search_seconds, 3),

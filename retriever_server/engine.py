@@ -1,9 +1,10 @@
 """The search runtime behind the HTTP API: an LRU cache, de-duplication of identical queries in
-flight, and coalescing of concurrent queries into shared batches for the search process.
+flight, and coalescing of concurrent queries into shared batches for the search processes.
 
 Everything but the searcher call runs on the event loop, so cache and bookkeeping need no locks;
-one worker thread hands a batch at a time to the search process (`search_process.py`) and waits
-for its answer without holding the GIL.
+one worker thread per search process (`search_process.py`) hands it a batch at a time and waits for
+its answer without holding the GIL. With several search processes, the queries waiting when some
+of them are free are split evenly between those.
 Each query is searched to a fixed depth (the server's topk maximum) and cached by its text, so
 every topk is served from one entry and a query's answer does not depend on what it was batched with.
 """
@@ -14,7 +15,7 @@ import asyncio
 import time
 from collections import OrderedDict
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 
@@ -35,6 +36,7 @@ class EngineStats:
     cache_hits: int = 0
     joined_in_flight: int = 0
     batches: int = 0
+    batches_per_search_process: list[int] = field(default_factory=list)
     searched: int = 0
     search_seconds: float = 0.0
 
@@ -44,17 +46,18 @@ class SearchEngine:
 
     def __init__(
         self,
-        searcher: SearchProcess,
+        searchers: list[SearchProcess],
         *,
         depth: int,
         max_batch: int = 256,
         max_wait_ms: float = 0.0,
         cache_size: int = 100_000,
     ):
-        if depth < 1 or max_batch < 1 or max_wait_ms < 0 or cache_size < 0:
-            raise ValueError("depth and max_batch must be positive, max_wait_ms and cache_size non-negative")
-        self.searcher = searcher
-        self.stats = EngineStats()
+        if depth < 1 or max_batch < 1 or max_wait_ms < 0 or cache_size < 0 or not searchers:
+            raise ValueError("depth, max_batch and searchers must be positive, max_wait_ms and cache_size non-negative")
+        self.searchers = searchers
+        self._idle = len(searchers)
+        self.stats = EngineStats(batches_per_search_process=[0] * len(searchers))
         self._depth = depth
         self._max_batch = max_batch
         self._max_wait_s = max_wait_ms / 1000
@@ -63,13 +66,14 @@ class SearchEngine:
         self._in_flight: dict[str, asyncio.Future] = {}
         self._pending: list[str] = []
         self._wakeup = asyncio.Event()
-        self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="search")
-        self._worker: asyncio.Task | None = None
+        self._executor = ThreadPoolExecutor(max_workers=len(searchers), thread_name_prefix="search")
+        self._workers: list[asyncio.Task] = []
 
     async def search(self, queries: list[str]) -> list[Hits]:
         """Hits for each query, in order: from the cache, from an identical query in flight, or searched."""
-        if self._worker is None:
-            self._worker = asyncio.get_running_loop().create_task(self._run())
+        if not self._workers:
+            loop = asyncio.get_running_loop()
+            self._workers = [loop.create_task(self._run(i)) for i in range(len(self.searchers))]
         self.stats.queries += len(queries)
         waits: list[Hits | asyncio.Future] = []
         for query in queries:
@@ -90,23 +94,32 @@ class SearchEngine:
         # shield: one caller giving up must not cancel the future other callers share
         return [w if isinstance(w, Hits) else await asyncio.shield(w) for w in waits]
 
-    async def _run(self) -> None:
+    async def _run(self, index: int) -> None:
+        """Search process `index`'s loop: take a share of the waiting queries, search them, answer."""
         loop = asyncio.get_running_loop()
+        searcher = self.searchers[index]
         while True:
             await self._wakeup.wait()
             if self._max_wait_s and len(self._pending) < self._max_batch:
                 await asyncio.sleep(self._max_wait_s)
-            batch, self._pending = self._pending[: self._max_batch], self._pending[self._max_batch :]
+            if not self._pending:  # another search process took them
+                continue
+            size = min(self._max_batch, -(-len(self._pending) // self._idle))
+            batch, self._pending = self._pending[:size], self._pending[size:]
             if not self._pending:
                 self._wakeup.clear()
+            self._idle -= 1
             started = time.perf_counter()
             try:
-                rows, scores = await loop.run_in_executor(self._executor, self.searcher.search, batch, self._depth)
+                rows, scores = await loop.run_in_executor(self._executor, searcher.search, batch, self._depth)
             except Exception as exc:  # the searcher failed: every waiter gets the error (a 500)
                 for query in batch:
                     _resolve(self._in_flight.pop(query), exception=exc)
                 continue
+            finally:
+                self._idle += 1
             self.stats.batches += 1
+            self.stats.batches_per_search_process[index] += 1
             self.stats.searched += len(batch)
             self.stats.search_seconds += time.perf_counter() - started
             for i, query in enumerate(batch):
@@ -121,8 +134,8 @@ class SearchEngine:
                 self._cache.popitem(last=False)
 
     def close(self) -> None:
-        if self._worker is not None:
-            self._worker.cancel()
+        for worker in self._workers:
+            worker.cancel()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 

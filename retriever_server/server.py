@@ -1,6 +1,6 @@
 """Running the API: bind the socket first (so `--port 0` works and the address is printed), load the
-index (in its search process, `search_process.py`) while /health answers "loading"; exit non-zero if
-loading fails or the search process dies."""
+index (in its search processes, `search_process.py`) while /health answers "loading"; exit non-zero if
+loading fails or a search process dies."""
 
 from __future__ import annotations
 
@@ -30,6 +30,7 @@ def serve(
     port_file: Path | None = None,
     log_level: str = "warning",
     threads: int | None = None,
+    search_processes: int = 1,
 ) -> int:
     """Serve `index_dir` until interrupted; returns the process exit code."""
     limits = limits or ServerLimits()
@@ -48,19 +49,24 @@ def serve(
         failure.append(error)
         server.should_exit = True
 
+    searchers: list[SearchProcess] = []
+
     def load_index() -> None:
         try:
-            searcher = SearchProcess(
-                index_dir,
-                load or LoadOptions(),
-                warm_up_depth=limits.topk_max,
-                threads=threads,
-                on_exit=lambda reason: stop(RuntimeError(reason)),
-            )
+            for _ in range(search_processes):  # one after another: later ones find inductor's cache warm
+                searchers.append(
+                    SearchProcess(
+                        index_dir,
+                        load or LoadOptions(),
+                        warm_up_depth=limits.topk_max,
+                        threads=threads,
+                        on_exit=lambda reason: stop(RuntimeError(reason)),
+                    )
+                )
             app.state.engine = SearchEngine(
-                searcher, depth=limits.topk_max, max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size
+                searchers, depth=limits.topk_max, max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size
             )
-            print(f"retriever_server: ready ({searcher.description})", file=sys.stderr, flush=True)
+            print(f"retriever_server: ready ({searchers[0].description})", file=sys.stderr, flush=True)
         except BaseException as exc:  # reported below, after the server has stopped
             stop(exc)
 
@@ -71,7 +77,8 @@ def serve(
     server.run(sockets=[sock])
     if app.state.engine is not None:
         app.state.engine.close()
-        app.state.engine.searcher.close()
+    for searcher in searchers:
+        searcher.close()
     if failure:
         print(f"retriever_server: cannot serve {index_dir}: {failure[0]}", file=sys.stderr, flush=True)
         return 1

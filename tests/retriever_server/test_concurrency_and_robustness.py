@@ -20,8 +20,9 @@ NUMPY_BM25 = ("--bm25-backend", "numpy")
 
 @pytest.fixture(scope="module")
 def uncached_url(retriever_server, bm25_index_dir):
-    """No cache, so every concurrent answer is searched again (batched with strangers), not replayed."""
-    return retriever_server(bm25_index_dir, *NUMPY_BM25, "--cache-size", "0").url
+    """No cache, so every concurrent answer is searched again (batched with strangers, by either of two
+    search processes), not replayed."""
+    return retriever_server(bm25_index_dir, *NUMPY_BM25, "--cache-size", "0", "--search-processes", "2").url
 
 
 @pytest.fixture(scope="module")
@@ -43,6 +44,9 @@ async def test_hundreds_of_concurrent_requests_equal_sequential_answers(uncached
     batches, searched = after["batches"] - before["batches"], after["searched"] - before["searched"]
     print(f"{searched} queries searched in {batches} batches")
     assert batches < searched, "concurrent queries were never coalesced"
+    per_process = zip(after["batches_per_search_process"], before["batches_per_search_process"], strict=True)
+    spread = [a - b for a, b in per_process]
+    assert len(spread) == 2 and min(spread) > 0, f"both search processes should take batches: {spread}"
 
 
 @pytest.fixture(scope="module")
@@ -106,11 +110,12 @@ def _alive(pid: int) -> bool:
 
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
 def test_no_process_outlives_its_server(retriever_server, bm25_index_dir, stop):
-    """The searcher runs in a child process; it ends with the server, even one killed outright."""
-    server = retriever_server(bm25_index_dir, *NUMPY_BM25)
+    """Each searcher runs in a child process; they end with the server, even one killed outright."""
+    server = retriever_server(bm25_index_dir, *NUMPY_BM25, "--search-processes", "2")
     pid = server.process.pid
     children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    assert children, "the searcher should run in a child process"
+    searchers = [child for child in children if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
+    assert len(searchers) == 2, "each searcher should run in a child process of its own"
     assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto"]}).status_code == 200
     server.process.send_signal(stop)
     server.process.wait(timeout=60)
@@ -150,6 +155,12 @@ def test_peak_rss_counts_the_search_process(retriever_server, bm25_index_dir):
 def _serve(index_dir) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0"]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
+
+
+def test_search_processes_must_be_positive(bm25_index_dir):
+    command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(bm25_index_dir)]
+    result = subprocess.run([*command, "--search-processes", "0"], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 2 and "--search-processes: expected at least 1, got 0" in result.stderr
 
 
 def test_missing_index_is_a_clear_start_up_error(tmp_path):
