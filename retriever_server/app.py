@@ -86,7 +86,8 @@ def _field_errors(exc: ValidationError) -> str:
 
 
 def create_app(limits: ServerLimits) -> FastAPI:
-    """The API; `app.state.engine` is None until the index is loaded (then /health says ready)."""
+    """The API; `app.state.engine` is None until the index is loaded (then /health says ready), when
+    the server also sets `app.state.store` (the corpus, to read hits) and `app.state.index` (its description)."""
     app = FastAPI(title="retriever_server", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.engine = None
     app.state.started = time.time()
@@ -150,7 +151,7 @@ def create_app(limits: ServerLimits) -> FastAPI:
         return _json(payload)
 
     def documents(hits: Hits, topk: int, with_scores: bool, nested: bool) -> list[dict]:
-        store = app.state.engine.searchers[0].store
+        store = app.state.store
         out = []
         for row, score in zip(hits.rows[:topk].tolist(), hits.scores[:topk].tolist(), strict=True):
             if row < 0:
@@ -188,7 +189,7 @@ def create_app(limits: ServerLimits) -> FastAPI:
         engine: SearchEngine | None = app.state.engine
         if engine is None:
             return _json({"status": "loading"}, 503)
-        return _json({"status": "ready", **engine.searchers[0].description})
+        return _json({"status": "ready", **app.state.index})
 
     @app.get("/stats", dependencies=[Depends(authorize)])
     async def stats() -> Response:
@@ -200,7 +201,7 @@ def create_app(limits: ServerLimits) -> FastAPI:
             "requests": dict(metrics.requests),
             "client_errors": metrics.client_errors,
             "latency_ms": metrics.percentiles(),
-            "index": engine.searchers[0].description if engine is not None else None,
+            "index": app.state.index if engine is not None else None,
         }
         if engine_stats is not None:
             payload.update(

@@ -22,13 +22,12 @@ from pathlib import Path
 
 import numpy as np
 
-from retriever_server.corpus import CorpusStore
 from retriever_server.index import IndexLoadError, LoadOptions, Searcher
 
 
 class SearchProcess:
-    """A `Searcher` loaded and run in a child process: `search(queries, k)`, plus the corpus
-    `store` and the index `description`. Loading blocks; a failure raises the child's `IndexLoadError`."""
+    """A `Searcher` loaded and run in a child process: `search(queries, k)`, plus the index
+    `description`. Loading blocks; a failure raises the child's `IndexLoadError`."""
 
     def __init__(
         self,
@@ -59,7 +58,6 @@ class SearchProcess:
             raise payload
         self.description: dict = payload
         self._on_exit = on_exit
-        self.store = CorpusStore(Path(index_dir) / "corpus")  # memory-mapped: pages shared with the child's
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (rows, scores) of each query, searched by the child; called by one thread at a time."""

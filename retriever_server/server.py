@@ -12,6 +12,7 @@ from pathlib import Path
 import uvicorn
 
 from retriever_server.app import ServerLimits, create_app
+from retriever_server.corpus import CorpusStore
 from retriever_server.engine import SearchEngine
 from retriever_server.index import LoadOptions, read_meta
 from retriever_server.search_process import SearchProcess
@@ -63,6 +64,8 @@ def serve(
                         on_exit=lambda reason: stop(RuntimeError(reason)),
                     )
                 )
+            app.state.store = CorpusStore(Path(index_dir) / "corpus")  # memory-mapped: pages shared with the searchers'
+            app.state.index = searchers[0].description
             app.state.engine = SearchEngine(
                 searchers, depth=limits.topk_max, max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size
             )

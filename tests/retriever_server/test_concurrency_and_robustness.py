@@ -108,14 +108,21 @@ def _alive(pid: int) -> bool:
         return False
 
 
+def _children(pid: int) -> list[int]:
+    return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def _search_processes(pid: int) -> list[int]:
+    """The server's search processes, beside multiprocessing's resource tracker."""
+    return [child for child in _children(pid) if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
+
+
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
 def test_no_process_outlives_its_server(retriever_server, bm25_index_dir, stop):
     """Each searcher runs in a child process; they end with the server, even one killed outright."""
     server = retriever_server(bm25_index_dir, *NUMPY_BM25, "--search-processes", "2")
-    pid = server.process.pid
-    children = [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    searchers = [child for child in children if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
-    assert len(searchers) == 2, "each searcher should run in a child process of its own"
+    children = _children(server.process.pid)
+    assert len(_search_processes(server.process.pid)) == 2, "each searcher should run in a child process of its own"
     assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto"]}).status_code == 200
     server.process.send_signal(stop)
     server.process.wait(timeout=60)
@@ -128,11 +135,8 @@ def test_no_process_outlives_its_server(retriever_server, bm25_index_dir, stop):
 def test_a_server_whose_search_process_dies_exits_with_the_reason(retriever_server, bm25_index_dir):
     server = retriever_server(bm25_index_dir, *NUMPY_BM25)
     assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto"]}).status_code == 200
-    pid = server.process.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    # beside multiprocessing's resource tracker
-    (searcher,) = [child for child in children if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
-    os.kill(int(searcher), signal.SIGKILL)
+    (searcher,) = _search_processes(server.process.pid)
+    os.kill(searcher, signal.SIGKILL)
     assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Porcaro"]}).status_code == 500
     assert server.process.wait(timeout=60) == 1
     assert "the search process is gone (exit code -9)" in server.log.read_text()
@@ -147,8 +151,7 @@ def test_peak_rss_counts_the_search_process(retriever_server, bm25_index_dir):
     """The index lives in the search process: a server's memory is both processes', not the HTTP one's."""
     server = retriever_server(bm25_index_dir, *NUMPY_BM25)
     pid = server.process.pid
-    children = Path(f"/proc/{pid}/task/{pid}/children").read_text().split()
-    (searcher,) = [child for child in children if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
+    (searcher,) = _search_processes(pid)
     assert server.peak_rss_mb() >= round(_vm_hwm_mb(pid) + _vm_hwm_mb(searcher), 1) > _vm_hwm_mb(pid)
 
 
