@@ -8,7 +8,6 @@ import subprocess
 import sys
 from pathlib import Path
 
-import httpx
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
@@ -19,6 +18,7 @@ from verl_memagent.cpu.codes_task import Door, demonstration, make_doors, single
 from verl_memagent.cpu.reward_curve import main as reward_curve_main
 from verl_memagent.cpu.reward_curve import summary
 from verl_memagent.cpu.warm_start import IGNORE, copy_batch, copy_pretraining, scripted_samples, supervised_steps
+from verl_memagent.search import RetrieverClient
 
 REPO = Path(__file__).resolve().parents[2]
 AGENT_LOOPS = REPO / "recipes" / "cpu" / "learn_codes_agent_loops.yaml"
@@ -78,14 +78,18 @@ def test_searching_a_door_finds_its_own_passage_first(task):
     assert len(questions) == 16 and len(demos) == 40 * 40 - 16
     searches = [parse_tool_call_action(demonstration(d, "")[0], "wikipedia_search").query for d in demos]
     queries = [q["question"] for q in questions] + searches
-    results = []
-    for start in range(0, len(queries), 1000):  # the server's default limit is 1024 queries a request
-        body = {"queries": queries[start : start + 1000], "topk": 1}
-        results += httpx.post(f"{url}/retrieve", json=body, timeout=30).json()["result"]
+
+    async def search_all() -> list:
+        client = RetrieverClient([url])  # sends the 1,600 queries in requests within the server's limit
+        try:
+            return await client.search(queries, topk=1)
+        finally:
+            await client.aclose()
+
     expected = [(q["question"], q["golden_answers"][0]) for q in questions] + [(d.question, d.password) for d in demos]
-    for (question, password), hits in zip(expected, results, strict=True):
+    for (question, password), hits in zip(expected, asyncio.run(search_all()), strict=True):
         door = question.removeprefix("What is the password of ").removesuffix("?")
-        assert f"The password of {door} is {password}." in hits[0]["contents"]
+        assert f"The password of {door} is {password}." in hits[0].text
 
 
 def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokenizer):
