@@ -69,6 +69,10 @@ class FaissIndex:
         scores, rows = self._index.search(np.ascontiguousarray(vectors, dtype=np.float32), k)
         return rows.astype(np.int64), scores
 
+    def vectors(self, rows: np.ndarray) -> np.ndarray:
+        """The stored vectors of `rows`: flat and HNSW keep them; IVF-PQ keeps codes (RuntimeError)."""
+        return self._index.reconstruct_batch(np.asarray(rows, dtype=np.int64))
+
 
 class TorchIndex:
     """Exact inner-product search by matrix product; rows sharded over the visible GPUs.

@@ -90,7 +90,11 @@ def resolve_spec(model: str, family: str = "auto") -> EncoderSpec:
 class Encoder:
     """A loaded transformer that embeds queries and passages as `EncoderSpec` prescribes."""
 
-    def __init__(self, spec: EncoderSpec, *, device: str | None = None, quantize: str | None = None):
+    def __init__(
+        self, spec: EncoderSpec, *, device: str | None = None, quantize: str | None = None, runner: str | None = None
+    ):
+        """`runner` (one of `RUNNERS`): how the model runs; by default the fastest for the device and
+        quantisation (on GPU eager; on CPU compiled int8, traced fp32)."""
         from transformers import AutoModel, AutoTokenizer
 
         self.spec = spec
@@ -107,7 +111,8 @@ class Encoder:
             model = quantize_int8(model)
         model = model.to(self.device)
         self.dim = int(model.config.hidden_size)
-        runner = "eager" if self.device.type != "cpu" else "compiled" if quantize == "int8" else "traced"
+        if runner is None:
+            runner = "eager" if self.device.type != "cpu" else "compiled" if quantize == "int8" else "traced"
         self._forward, self.runner = forward_fn(model, self._tokenizer, runner=runner)
 
     def encode_queries(self, queries: list[str], batch_size: int = 64) -> np.ndarray:

@@ -102,14 +102,21 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, show_
     if options.query_quantize not in QUANTIZE_CHOICES:
         raise ValueError(f"--query-quantize: expected one of {QUANTIZE_CHOICES}, got {options.query_quantize!r}")
     spec = resolve_spec(options.encoder, options.family)
-    meta = {"index_type": options.index_type, "encoder": spec.to_json(), "query_quantize": options.query_quantize}
+    meta = {"index_type": options.index_type, "encoder": spec.to_json()}
     if options.prebuilt_faiss is not None:
         prebuilt = FaissIndex(Path(options.prebuilt_faiss).resolve())
         if prebuilt.ntotal != len(store):
             raise IndexLoadError(f"--prebuilt-faiss holds {prebuilt.ntotal} vectors, the corpus {len(store)} passages")
         (out_dir / FAISS_FILE).unlink(missing_ok=True)
         (out_dir / FAISS_FILE).symlink_to(Path(options.prebuilt_faiss).resolve())
-        return {**meta, "index_type": "flat", "dim": prebuilt.dim, "prebuilt": str(options.prebuilt_faiss)}
+        meta.update(index_type="flat", dim=prebuilt.dim, prebuilt=str(options.prebuilt_faiss))
+        if options.query_quantize == "int8":
+            try:
+                prebuilt.vectors(np.zeros(1, dtype=np.int64))
+            except RuntimeError:  # e.g. IVF-PQ, which keeps codes
+                raise IndexLoadError("--prebuilt-faiss keeps no passage vectors to check the int8 query encoder "
+                                     "against; pass --query-quantize none") from None  # fmt: skip
+        return {**meta, **_query_quantize(options, spec, store, prebuilt.vectors)}
     encoder = Encoder(spec, device=options.device)
     embeddings_path = out_dir / EMBEDDINGS_FILE
     embeddings = np.lib.format.open_memmap(
@@ -124,11 +131,23 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, show_
         show_progress=show_progress,
     )
     embeddings.flush()
+    meta.update(dim=encoder.dim, **_query_quantize(options, spec, store, embeddings.__getitem__))
     if options.index_type in FAISS_KINDS:
         build_faiss(embeddings, options.index_type, out_dir / FAISS_FILE, show_progress=show_progress)
         del embeddings
         embeddings_path.unlink()
-    return {**meta, "dim": encoder.dim}
+    return meta
+
+
+def _query_quantize(options: DenseOptions, spec, store: CorpusStore, vectors) -> dict:
+    """The meta's CPU query encoder: int8 where asked and the check finds it keeps recall
+    (`int8_check.py`; its figures are stored too), else fp32 ("none")."""
+    if options.query_quantize != "int8":
+        return {"query_quantize": options.query_quantize}
+    from retriever_server.int8_check import check_int8_queries
+
+    check = check_int8_queries(spec, store, vectors)
+    return {"query_quantize": "int8" if check["kept"] else "none", "int8_check": check}
 
 
 def read_meta(index_dir: Path) -> dict:
