@@ -138,7 +138,7 @@ def scale(args: argparse.Namespace, report: dict) -> None:
         torch.cuda.reset_peak_memory_stats(device)
     with PeakAnonymousMemory() as host:
         started = time.perf_counter()
-        index = TorchIndex(path, devices=[device])
+        index = TorchIndex(np.load(path, mmap_mode="r"), devices=[device])
         load_s = time.perf_counter() - started
     result = {
         "rows": rows,

@@ -4,7 +4,8 @@
 - `hnsw`: faiss IndexHNSWFlat, approximate, fast on CPU.
 - `ivfpq`: faiss IndexIVFPQ, approximate, compressed for CPU memory.
 - `torch`: the embedding matrix itself, searched by matrix product: fp16 and sharded over the visible
-  GPUs when there are any (no faiss-gpu needed), fp32 on CPU.
+  GPUs when there are any (no faiss-gpu needed), fp32 on CPU. A server on the GPU searches a `flat`
+  file's vectors the same way (`FaissVectors`), so a prebuilt e5_Flat.index needs no faiss-gpu either.
 faiss is imported by the faiss kinds only: building or serving a `torch` index does not need it.
 """
 
@@ -74,25 +75,38 @@ class FaissIndex:
         return self._index.reconstruct_batch(np.asarray(rows, dtype=np.int64))
 
 
+class FaissVectors:
+    """The vectors a faiss Flat (or HNSW) file stores, read by row range like an array: what a
+    `TorchIndex` on the GPUs loads from a `flat` index."""
+
+    def __init__(self, index: FaissIndex):
+        self._index = index
+        self.shape = (index.ntotal, index.dim)
+
+    def __getitem__(self, rows: slice) -> np.ndarray:
+        return self._index.vectors(np.arange(*rows.indices(self.shape[0])))
+
+
 class TorchIndex:
     """Exact inner-product search by matrix product; rows sharded over the visible GPUs.
 
-    Rows travel from the memory-mapped file to their device `copy_rows` at a time (cast to fp16 there
-    on GPU), so the host never holds a shard: 21M e5 vectors are 64 GB in fp32 on disk, 32 GB on the
-    GPU. A query batch is scored against at most `block_scores` / batch rows at once, keeping each
-    block's top k, so the score matrix stays bounded however many rows a shard holds."""
+    `matrix` holds the [rows, dim] vectors and is read one row range at a time: a memory-mapped .npy
+    (`np.load(path, mmap_mode="r")`) or a faiss file's (`FaissVectors`). Rows travel from it to their
+    device `copy_rows` at a time (cast to fp16 there on GPU), so the host never holds a shard: 21M e5
+    vectors are 64 GB in fp32 on disk, 32 GB on the GPU. A query batch is scored against at most
+    `block_scores` / batch rows at once, keeping each block's top k, so the score matrix stays
+    bounded however many rows a shard holds."""
 
     def __init__(
         self,
-        path: Path,
+        matrix: np.ndarray | FaissVectors,
         *,
         devices: list[torch.device] | None = None,
         copy_rows: int = 1 << 18,
         block_scores: int = 1 << 27,
     ):
-        matrix = np.load(path, mmap_mode="r")
-        if matrix.ndim != 2:
-            raise ValueError(f"{path}: expected a 2-D embedding matrix, got shape {matrix.shape}")
+        if len(matrix.shape) != 2:
+            raise ValueError(f"expected a 2-D embedding matrix, got shape {matrix.shape}")
         if devices is None:
             devices = [torch.device(f"cuda:{i}") for i in range(torch.cuda.device_count())] or [torch.device("cpu")]
         self.ntotal, self.dim = matrix.shape

@@ -7,17 +7,21 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FaissIndex, TorchIndex
+from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FaissIndex, FaissVectors, TorchIndex
 from retriever_server.encoders import Encoder, EncoderSpec
 
 
 class DenseSearcher:
-    """Encodes queries (on `options.device`) and searches the vector index the meta names."""
+    """Encodes queries (on `options.device`) and searches the vector index the meta names; on the
+    GPUs, a `flat` index is searched exactly by a `TorchIndex` over its vectors (no faiss-gpu)."""
 
     def __init__(self, index_dir: Path, meta: dict, options, num_passages: int):
+        on_gpu = _on_gpu(options)
+        devices = None if on_gpu else [torch.device("cpu")]  # None: every visible GPU
         if meta["index_type"] == "torch":
-            cpu_only = options.device is not None and options.device.startswith("cpu")
-            self._index = TorchIndex(index_dir / EMBEDDINGS_FILE, devices=[torch.device("cpu")] if cpu_only else None)
+            self._index = TorchIndex(np.load(index_dir / EMBEDDINGS_FILE, mmap_mode="r"), devices=devices)
+        elif meta["index_type"] == "flat" and on_gpu:
+            self._index = TorchIndex(FaissVectors(FaissIndex(index_dir / FAISS_FILE)), devices=devices)
         else:
             self._index = FaissIndex(index_dir / FAISS_FILE, nprobe=options.nprobe, ef_search=options.ef_search)
         if self._index.ntotal != num_passages:
@@ -36,5 +40,9 @@ def _quantize(meta: dict, options) -> str:
     """`--quantize` if given, else the index's `query_quantize` on CPU (passages are always fp32)."""
     if options.quantize is not None:
         return options.quantize
-    on_gpu = (options.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")
-    return "none" if on_gpu else meta.get("query_quantize", "none")
+    return "none" if _on_gpu(options) else meta.get("query_quantize", "none")
+
+
+def _on_gpu(options) -> bool:
+    """`--device`, or the GPU when there is one."""
+    return (options.device or ("cuda" if torch.cuda.is_available() else "cpu")).startswith("cuda")

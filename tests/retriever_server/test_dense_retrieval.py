@@ -21,7 +21,7 @@ import pytest
 import torch
 
 from retriever_server.corpus import CorpusStore
-from retriever_server.dense import EMBEDDINGS_FILE, FaissIndex, TorchIndex, build_faiss
+from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FaissIndex, FaissVectors, TorchIndex, build_faiss
 from retriever_server.encoders import BGE_QUERY_INSTRUCTION, PAD_MULTIPLE, Encoder, forward_fn, resolve_spec
 from retriever_server.index import LoadOptions, Searcher
 from retriever_server.int8_check import WINDOW_WORDS, pseudo_query
@@ -47,6 +47,10 @@ def subset(tmp_path_factory, data_dir):
     path = tmp_path_factory.mktemp("dense_corpus") / "subset.jsonl"
     path.write_text("".join(json.dumps(r, ensure_ascii=False) + "\n" for r in kept), encoding="utf-8")
     return path, questions, kept
+
+
+def _embeddings(index_dir: Path) -> np.ndarray:
+    return np.load(index_dir / EMBEDDINGS_FILE, mmap_mode="r")
 
 
 def _build(*args: str) -> None:
@@ -202,7 +206,7 @@ def test_int8_query_encoder_keeps_the_fp32_rankings(minilm_dir, subset, torch_in
     batched, single = int8.encode_queries(texts, batch_size=16), int8.encode_queries(texts, batch_size=1)
     assert np.sum(fp32 * batched, axis=1).min() >= 0.99
     np.testing.assert_array_equal(single, batched)  # each text padded alike, whatever its batch
-    index, store = TorchIndex(torch_index / EMBEDDINGS_FILE), CorpusStore(torch_index / "corpus")
+    index, store = TorchIndex(_embeddings(torch_index)), CorpusStore(torch_index / "corpus")
     recall = {}
     for name, vectors in (("fp32", fp32), ("int8", batched)):
         rows, _ = index.search(vectors, 3)
@@ -219,7 +223,7 @@ def test_the_index_meta_chooses_the_cpu_query_encoder(minilm_dir, subset, torch_
     """`build --query-quantize` (default int8) is stored in meta.json; `serve` follows it unless told."""
     assert json.loads((torch_index / "meta.json").read_text())["dense"]["query_quantize"] == "int8"
     texts = [q["question"] for q in subset[1][:8]]
-    index = TorchIndex(torch_index / EMBEDDINGS_FILE)
+    index = TorchIndex(_embeddings(torch_index))
     for load, quantize in ((LoadOptions(device="cpu"), "int8"), (LoadOptions(device="cpu", quantize="none"), "none")):
         encoder = int8_encoder if quantize == "int8" else Encoder(resolve_spec(minilm_dir), device="cpu")
         expected_rows, expected_scores = index.search(encoder.encode_queries(texts, batch_size=16), 5)
@@ -288,12 +292,12 @@ def test_an_int8_encoder_that_loses_recall_is_not_used(minilm_dir, subset, tmp_p
 def test_faiss_kinds_agree_with_the_exact_torch_index(torch_index, tmp_path):
     embeddings = np.load(torch_index / EMBEDDINGS_FILE)
     queries = embeddings[::7] + 0.05 * np.random.default_rng(0).standard_normal(embeddings[::7].shape, np.float32)
-    exact_rows, exact_scores = TorchIndex(torch_index / EMBEDDINGS_FILE).search(queries, 10)
+    exact_rows, exact_scores = TorchIndex(_embeddings(torch_index)).search(queries, 10)
     np.testing.assert_allclose(exact_scores, np.sort(queries @ embeddings.T, axis=1)[:, ::-1][:, :10], rtol=1e-5)
     # the shard-and-merge path that spreads the matrix over several GPUs, here over three CPU shards,
     # each copied in 7-row slices and scored 4 rows at a time (fewer than k: blocks keep what they have)
     sharded = TorchIndex(
-        torch_index / EMBEDDINGS_FILE, devices=[torch.device("cpu")] * 3, copy_rows=7, block_scores=4 * len(queries)
+        _embeddings(torch_index), devices=[torch.device("cpu")] * 3, copy_rows=7, block_scores=4 * len(queries)
     )
     sharded_rows, sharded_scores = sharded.search(queries, 10)
     np.testing.assert_array_equal(sharded_rows, exact_rows)
@@ -304,6 +308,23 @@ def test_faiss_kinds_agree_with_the_exact_torch_index(torch_index, tmp_path):
         rows, _ = FaissIndex(tmp_path / kind).search(queries, 10)
         overlap[kind] = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, exact_rows, strict=True)])
     assert overlap["flat"] == 1.0 and overlap["hnsw"] >= 0.95 and overlap["ivfpq"] >= 0.5, overlap
+
+
+def test_a_flat_file_loads_as_an_exact_torch_index(torch_index, flat_index):
+    """What a GPU server does with a `flat` index such as Search-R1's e5_Flat.index: its vectors, read
+    back from the faiss file by row range, become a sharded `TorchIndex` (here over three CPU shards)."""
+    embeddings = _embeddings(torch_index)
+    stored = FaissVectors(FaissIndex(flat_index / FAISS_FILE))
+    assert stored.shape == embeddings.shape
+    np.testing.assert_array_equal(stored[5:17], embeddings[5:17])
+    np.testing.assert_array_equal(stored[len(embeddings) - 3 :], embeddings[-3:])
+    queries = np.ascontiguousarray(embeddings[::11])
+    expected_rows, expected_scores = TorchIndex(embeddings).search(queries, 5)
+    from_file = TorchIndex(stored, devices=[torch.device("cpu")] * 3, copy_rows=7)
+    rows, scores = from_file.search(queries, 5)
+    np.testing.assert_array_equal(rows, expected_rows)
+    np.testing.assert_array_equal(scores, expected_scores)
+    assert (rows[:, 0] == np.arange(0, len(embeddings), 11)).all()  # each passage finds itself first
 
 
 async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, subset, flat_index):
