@@ -18,6 +18,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+GPU_HEADROOM_BYTES = 2 << 30  # left free beside each GPU shard: a block of scores, top-k, the encoder
 FAISS_KINDS = ("flat", "hnsw", "ivfpq")
 INDEX_KINDS = (*FAISS_KINDS, "torch")
 FAISS_FILE = "faiss.index"
@@ -87,6 +88,15 @@ class FaissVectors:
         return self._index.vectors(np.arange(*rows.indices(self.shape[0])))
 
 
+def fits_on_gpus(rows: int, dim: int, free_bytes: list[int]) -> bool:
+    """Whether an fp16 [rows, dim] matrix split over GPUs with `free_bytes` free each leaves every one
+    of them `GPU_HEADROOM_BYTES` to search with."""
+    if not free_bytes:
+        return False
+    shard_bytes = -(-rows // len(free_bytes)) * dim * 2
+    return all(free - shard_bytes >= GPU_HEADROOM_BYTES for free in free_bytes)
+
+
 class TorchIndex:
     """Exact inner-product search by matrix product; rows sharded over the visible GPUs.
 
@@ -122,6 +132,10 @@ class TorchIndex:
                 last = min(first + copy_rows, stop)
                 shard[first - start : last - start] = torch.from_numpy(np.array(matrix[first:last]))
             self._shards.append((int(start), shard))
+
+    @property
+    def devices(self) -> list[str]:
+        return [str(shard.device) for _, shard in self._shards]
 
     @torch.inference_mode()
     def search(self, vectors: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:

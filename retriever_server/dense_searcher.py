@@ -2,28 +2,34 @@
 
 from __future__ import annotations
 
+import warnings
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FaissIndex, FaissVectors, TorchIndex
+from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FaissIndex, FaissVectors, TorchIndex, fits_on_gpus
 from retriever_server.encoders import Encoder, EncoderSpec
 
 
 class DenseSearcher:
     """Encodes queries (on `options.device`) and searches the vector index the meta names; on the
-    GPUs, a `flat` index is searched exactly by a `TorchIndex` over its vectors (no faiss-gpu)."""
+    GPUs, a `flat` index that fits their free memory is searched exactly by a `TorchIndex` over its
+    vectors (no faiss-gpu). `searched_by` says which, and where."""
 
     def __init__(self, index_dir: Path, meta: dict, options, num_passages: int):
         on_gpu = _on_gpu(options)
         devices = None if on_gpu else [torch.device("cpu")]  # None: every visible GPU
         if meta["index_type"] == "torch":
             self._index = TorchIndex(np.load(index_dir / EMBEDDINGS_FILE, mmap_mode="r"), devices=devices)
-        elif meta["index_type"] == "flat" and on_gpu:
+        elif meta["index_type"] == "flat" and on_gpu and _flat_fits_on_gpus(num_passages, meta["dim"]):
             self._index = TorchIndex(FaissVectors(FaissIndex(index_dir / FAISS_FILE)), devices=devices)
         else:
             self._index = FaissIndex(index_dir / FAISS_FILE, nprobe=options.nprobe, ef_search=options.ef_search)
+        if isinstance(self._index, TorchIndex):
+            self.searched_by = "torch on " + ", ".join(self._index.devices)
+        else:
+            self.searched_by = "faiss on cpu"
         if self._index.ntotal != num_passages:
             raise ValueError(f"vector index holds {self._index.ntotal} vectors for {num_passages} passages")
         spec = EncoderSpec(**meta["encoder"])
@@ -41,6 +47,17 @@ def _quantize(meta: dict, options) -> str:
     if options.quantize is not None:
         return options.quantize
     return "none" if _on_gpu(options) else meta.get("query_quantize", "none")
+
+
+def _flat_fits_on_gpus(rows: int, dim: int) -> bool:
+    """A flat index goes to the GPUs where it fits beside what they already hold, else stays in faiss."""
+    free = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
+    if fits_on_gpus(rows, dim, free):
+        return True
+    warnings.warn(f"the flat index ({rows} x {dim}, {rows * dim * 2 / 1e9:.1f} GB in fp16) does not fit the free "
+                  f"memory of the visible GPUs ({[round(f / 1e9, 1) for f in free]} GB): faiss searches it on CPU",
+                  stacklevel=2)  # fmt: skip
+    return False
 
 
 def _on_gpu(options) -> bool:

@@ -208,7 +208,10 @@ class Searcher:
     def description(self) -> dict:
         info = {"kind": self.kind, "num_passages": len(self.store)}
         if self.kind == "dense":
-            info.update(index_type=self.meta["dense"]["index_type"], encoder=self.meta["dense"]["encoder"]["model"])
+            dense = self.meta["dense"]
+            info.update(
+                index_type=dense["index_type"], encoder=dense["encoder"]["model"], searched_by=self._rows.searched_by
+            )
         return info
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:

@@ -21,7 +21,16 @@ import pytest
 import torch
 
 from retriever_server.corpus import CorpusStore
-from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FaissIndex, FaissVectors, TorchIndex, build_faiss
+from retriever_server.dense import (
+    EMBEDDINGS_FILE,
+    FAISS_FILE,
+    GPU_HEADROOM_BYTES,
+    FaissIndex,
+    FaissVectors,
+    TorchIndex,
+    build_faiss,
+    fits_on_gpus,
+)
 from retriever_server.encoders import BGE_QUERY_INSTRUCTION, PAD_MULTIPLE, Encoder, forward_fn, resolve_spec
 from retriever_server.index import LoadOptions, Searcher
 from retriever_server.int8_check import WINDOW_WORDS, pseudo_query
@@ -325,6 +334,19 @@ def test_a_flat_file_loads_as_an_exact_torch_index(torch_index, flat_index):
     np.testing.assert_array_equal(rows, expected_rows)
     np.testing.assert_array_equal(scores, expected_scores)
     assert (rows[:, 0] == np.arange(0, len(embeddings), 11)).all()  # each passage finds itself first
+    assert from_file.devices == ["cpu"] * 3
+    assert Searcher(torch_index, LoadOptions(device="cpu")).description["searched_by"] == "torch on cpu"
+
+
+def test_a_flat_index_goes_to_the_gpus_only_where_it_fits():
+    """fp16 rows split evenly (the last GPU's share rounded up), each GPU keeping GPU_HEADROOM_BYTES."""
+    rows, dim, headroom = 1001, 512, GPU_HEADROOM_BYTES
+    one_gpu, half = rows * dim * 2, 501 * dim * 2  # 1,025,024 and 513,024 bytes
+    assert fits_on_gpus(rows, dim, [headroom + one_gpu])
+    assert not fits_on_gpus(rows, dim, [headroom + one_gpu - 1])
+    assert fits_on_gpus(rows, dim, [headroom + half, headroom + half])
+    assert not fits_on_gpus(rows, dim, [headroom + half, headroom + half - 1])
+    assert not fits_on_gpus(rows, dim, [])  # no GPU
 
 
 async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, subset, flat_index):
@@ -332,7 +354,8 @@ async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, 
     get the answers they got in one batch."""
     _, questions, kept = subset
     url = retriever_server(flat_index, "--cache-size", "0").url
-    assert httpx.get(f"{url}/health").json()["index_type"] == "flat"
+    health = httpx.get(f"{url}/health").json()
+    assert health["index_type"] == "flat" and health["searched_by"] == "faiss on cpu"  # on a GPU: torch, if it fits
     body = {"queries": [q["question"] for q in questions], "topk": 5}
     result = httpx.post(f"{url}/retrieve", json=body, timeout=120).json()["result"]
     recall = np.mean([len(set(q["supporting_ids"]) & {d["id"] for d in r}) / len(q["supporting_ids"])
