@@ -10,21 +10,28 @@ import torch
 
 from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FaissIndex, FaissVectors, TorchIndex, fits_on_gpus
 from retriever_server.encoders import Encoder, EncoderSpec
+from retriever_server.index import IndexLoadError
 
 
 class DenseSearcher:
     """Encodes queries (on `options.device`) and searches the vector index the meta names; on the
     GPUs, a `flat` index that fits their free memory is searched exactly by a `TorchIndex` over its
-    vectors (no faiss-gpu). `searched_by` says which, and where."""
+    vectors (no faiss-gpu), and a `torch` index that does not fit is a load error that says so.
+    `searched_by` says what searches, and where."""
 
     def __init__(self, index_dir: Path, meta: dict, options, num_passages: int):
-        on_gpu = _on_gpu(options)
+        on_gpu, kind = _on_gpu(options), meta["index_type"]
         devices = None if on_gpu else [torch.device("cpu")]  # None: every visible GPU
-        if meta["index_type"] == "torch":
+        shortfall = _gpu_shortfall(num_passages, meta["dim"]) if on_gpu and kind in ("torch", "flat") else None
+        if kind == "torch":
+            if shortfall:
+                raise IndexLoadError(f"the torch index {shortfall}: make more GPUs visible or use --device cpu")
             self._index = TorchIndex(np.load(index_dir / EMBEDDINGS_FILE, mmap_mode="r"), devices=devices)
-        elif meta["index_type"] == "flat" and on_gpu and _flat_fits_on_gpus(num_passages, meta["dim"]):
+        elif kind == "flat" and on_gpu and not shortfall:
             self._index = TorchIndex(FaissVectors(FaissIndex(index_dir / FAISS_FILE)), devices=devices)
         else:
+            if shortfall:  # a flat index too large for the GPUs
+                warnings.warn(f"the flat index {shortfall}: faiss searches it on CPU", stacklevel=2)
             self._index = FaissIndex(index_dir / FAISS_FILE, nprobe=options.nprobe, ef_search=options.ef_search)
         if isinstance(self._index, TorchIndex):
             self.searched_by = "torch on " + ", ".join(self._index.devices)
@@ -49,15 +56,16 @@ def _quantize(meta: dict, options) -> str:
     return "none" if _on_gpu(options) else meta.get("query_quantize", "none")
 
 
-def _flat_fits_on_gpus(rows: int, dim: int) -> bool:
-    """A flat index goes to the GPUs where it fits beside what they already hold, else stays in faiss."""
+def _gpu_shortfall(rows: int, dim: int) -> str | None:
+    """None if an fp16 [rows, dim] matrix fits the visible GPUs beside what they already hold, else
+    the sizes that say why not."""
     free = [torch.cuda.mem_get_info(i)[0] for i in range(torch.cuda.device_count())]
+    if not free:
+        return "needs a GPU, and none is visible"
     if fits_on_gpus(rows, dim, free):
-        return True
-    warnings.warn(f"the flat index ({rows} x {dim}, {rows * dim * 2 / 1e9:.1f} GB in fp16) does not fit the free "
-                  f"memory of the visible GPUs ({[round(f / 1e9, 1) for f in free]} GB): faiss searches it on CPU",
-                  stacklevel=2)  # fmt: skip
-    return False
+        return None
+    return (f"({rows} x {dim}, {rows * dim * 2 / 1e9:.1f} GB in fp16) does not fit the free memory of the visible "
+            f"GPUs ({[round(f / 1e9, 1) for f in free]} GB, 2 GiB kept free on each)")  # fmt: skip
 
 
 def _on_gpu(options) -> bool:

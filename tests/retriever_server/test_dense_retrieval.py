@@ -349,6 +349,15 @@ def test_a_flat_index_goes_to_the_gpus_only_where_it_fits():
     assert not fits_on_gpus(rows, dim, [])  # no GPU
 
 
+def test_a_torch_index_served_on_missing_gpus_is_a_clear_error(torch_index):
+    command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(torch_index), "--device", "cuda"]
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "CUDA_VISIBLE_DEVICES": ""}  # none, on any machine
+    result = subprocess.run([*command, "--port", "0"], capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 1, result.stderr
+    expected = "the torch index needs a GPU, and none is visible: make more GPUs visible or use --device cpu"
+    assert expected in result.stderr, result.stderr
+
+
 async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, subset, flat_index):
     """Also: the questions sent one per request, concurrently (so batched differently, cache off),
     get the answers they got in one batch."""
