@@ -8,7 +8,15 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FaissIndex, FaissVectors, TorchIndex, fits_on_gpus
+from retriever_server.dense import (
+    EMBEDDINGS_FILE,
+    FAISS_FILE,
+    GPU_HEADROOM_BYTES,
+    FaissIndex,
+    FaissVectors,
+    TorchIndex,
+    fits_on_gpus,
+)
 from retriever_server.encoders import Encoder, EncoderSpec
 from retriever_server.index import IndexLoadError
 
@@ -64,8 +72,9 @@ def _gpu_shortfall(rows: int, dim: int) -> str | None:
         return "needs a GPU, and none is visible"
     if fits_on_gpus(rows, dim, free):
         return None
+    free_gb = [round(f / 1e9, 1) for f in free]
     return (f"({rows} x {dim}, {rows * dim * 2 / 1e9:.1f} GB in fp16) does not fit the free memory of the visible "
-            f"GPUs ({[round(f / 1e9, 1) for f in free]} GB, 2 GiB kept free on each)")  # fmt: skip
+            f"GPUs ({free_gb} GB, {GPU_HEADROOM_BYTES >> 30} GiB kept free on each)")  # fmt: skip
 
 
 def _on_gpu(options) -> bool:
