@@ -35,10 +35,13 @@ class EngineStats:
     queries: int = 0
     cache_hits: int = 0
     joined_in_flight: int = 0
-    batches: int = 0
     batches_per_search_process: list[int] = field(default_factory=list)
     searched: int = 0
     search_seconds: float = 0.0
+
+    @property
+    def batches(self) -> int:
+        return sum(self.batches_per_search_process)
 
 
 class SearchEngine:
@@ -118,7 +121,6 @@ class SearchEngine:
                 continue
             finally:
                 self._idle += 1
-            self.stats.batches += 1
             self.stats.batches_per_search_process[index] += 1
             self.stats.searched += len(batch)
             self.stats.search_seconds += time.perf_counter() - started

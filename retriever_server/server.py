@@ -69,7 +69,7 @@ def serve(
             app.state.engine = SearchEngine(
                 searchers, depth=limits.topk_max, max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size
             )
-            print(f"retriever_server: ready ({searchers[0].description})", file=sys.stderr, flush=True)
+            print(f"retriever_server: ready ({app.state.index})", file=sys.stderr, flush=True)
         except BaseException as exc:  # reported below, after the server has stopped
             stop(exc)
 
