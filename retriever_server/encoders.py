@@ -185,13 +185,16 @@ def forward_fn(model: torch.nn.Module, tokenizer, *, runner: str) -> tuple[Calla
         inputs = tokenizer(list(texts), return_tensors="pt", padding=True)
         return tuple(inputs[name] for name in names)
 
+    def by_name(run: Callable[..., torch.Tensor]) -> Callable[[dict], torch.Tensor]:
+        return lambda inputs: run(*(inputs[name] for name in names))
+
     names = [name for name in tokenizer.model_input_names if name in tokenizer(["probe"])]
     eager = _LastHiddenState(model, names)
     checks = [batch("one"), batch("two texts", "of", "three")]
     if runner == "compiled":
         compiled = _compile(eager, [batch("retrieval")], checks)
         if compiled is not None:
-            return lambda inputs: compiled(*(inputs[name] for name in names)), "compiled"
+            return by_name(compiled), "compiled"
         runner = "traced"
     if runner == "traced":
         try:
@@ -202,8 +205,8 @@ def forward_fn(model: torch.nn.Module, tokenizer, *, runner: str) -> tuple[Calla
         except Exception:  # a model tracing cannot follow: it runs eagerly
             same = False
         if same:
-            return lambda inputs: graph(*(inputs[name] for name in names)), "traced"
-    return lambda inputs: eager(*(inputs[name] for name in names)), "eager"
+            return by_name(graph), "traced"
+    return by_name(eager), "eager"
 
 
 def _compile(eager: _LastHiddenState, warm_up: list[tuple], checks: list[tuple]) -> Callable | None:
