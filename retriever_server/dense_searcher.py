@@ -48,7 +48,7 @@ class DenseSearcher:
         if self._index.ntotal != num_passages:
             raise ValueError(f"vector index holds {self._index.ntotal} vectors for {num_passages} passages")
         spec = EncoderSpec(**meta["encoder"])
-        self._encoder = Encoder(spec, device=options.device, quantize=_quantize(meta, options))
+        self._encoder = Encoder(spec, device=options.device, quantize=_quantize(meta, options, on_gpu))
         if self._encoder.dim != self._index.dim:
             raise ValueError(f"encoder gives {self._encoder.dim}-d vectors, the index holds {self._index.dim}-d")
         self._batch_size = options.query_batch_size or (64 if self._encoder.device.type == "cpu" else 256)
@@ -57,11 +57,11 @@ class DenseSearcher:
         return self._index.search(self._encoder.encode_queries(queries, self._batch_size), k)
 
 
-def _quantize(meta: dict, options) -> str:
+def _quantize(meta: dict, options, on_gpu: bool) -> str:
     """`--quantize` if given, else the index's `query_quantize` on CPU (passages are always fp32)."""
     if options.quantize is not None:
         return options.quantize
-    return "none" if _on_gpu(options) else meta.get("query_quantize", "none")
+    return "none" if on_gpu else meta.get("query_quantize", "none")
 
 
 def _gpu_shortfall(rows: int, dim: int) -> str | None:
