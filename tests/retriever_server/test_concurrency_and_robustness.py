@@ -155,14 +155,13 @@ def test_peak_rss_counts_the_search_process(retriever_server, bm25_index_dir):
     assert server.peak_rss_mb() >= round(_vm_hwm_mb(pid) + _vm_hwm_mb(searcher), 1) > _vm_hwm_mb(pid)
 
 
-def _serve(index_dir) -> subprocess.CompletedProcess:
-    command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0"]
+def _serve(index_dir, *args: str) -> subprocess.CompletedProcess:
+    command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0", *args]
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
 def test_search_processes_must_be_positive(bm25_index_dir):
-    command = [sys.executable, "-m", "retriever_server", "serve", "--index", str(bm25_index_dir)]
-    result = subprocess.run([*command, "--search-processes", "0"], capture_output=True, text=True, timeout=120)
+    result = _serve(bm25_index_dir, "--search-processes", "0")
     assert result.returncode == 2 and "--search-processes: expected at least 1, got 0" in result.stderr
 
 
