@@ -62,9 +62,10 @@ def _embeddings(index_dir: Path) -> np.ndarray:
     return np.load(index_dir / EMBEDDINGS_FILE, mmap_mode="r")
 
 
-def _build(*args: str) -> None:
+def _build(*args: str, check: bool = True) -> subprocess.CompletedProcess:
     command = [sys.executable, "-m", "retriever_server", "build", "--kind", "dense", *args]
-    subprocess.run(command, check=True, env={**os.environ, "HF_HUB_OFFLINE": "1"}, capture_output=True)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+    return subprocess.run(command, check=check, env=env, capture_output=True, text=True)
 
 
 @pytest.fixture(scope="module")
@@ -284,9 +285,8 @@ def test_an_int8_encoder_that_loses_recall_is_not_used(minilm_dir, subset, tmp_p
     texts = [q["question"] for q in subset[1]]
     original, outlier = (Encoder(resolve_spec(str(path)), device="cpu") for path in (minilm_dir, model))
     np.testing.assert_allclose(outlier.encode_queries(texts), original.encode_queries(texts), atol=1e-4)
-    command = [sys.executable, "-m", "retriever_server", "build", "--kind", "dense", "--encoder", str(model)]
-    command += ["--corpus", str(subset[0]), "--out", str(tmp_path / "index"), "--index-type", "torch"]
-    result = subprocess.run(command, capture_output=True, text=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    args = ["--encoder", str(model), "--corpus", str(subset[0]), "--out", str(tmp_path / "index")]
+    result = _build(*args, "--index-type", "torch", check=False)
     assert result.returncode == 0, result.stderr
     assert "lost recall: CPU servers encode queries in fp32" in result.stdout
     dense = json.loads((tmp_path / "index" / "meta.json").read_text())["dense"]
@@ -389,26 +389,17 @@ def test_a_prebuilt_faiss_without_vectors_needs_fp32_queries(tmp_path, subset, m
     """IVF-PQ keeps codes, not vectors: nothing to check int8 against, so the build says to use fp32."""
     faiss_file = tmp_path / "ivfpq.index"
     build_faiss(np.load(torch_index / EMBEDDINGS_FILE), "ivfpq", faiss_file, show_progress=False)
-    command = [sys.executable, "-m", "retriever_server", "build", "--kind", "dense", "--encoder", minilm_dir]
-    command += ["--corpus", str(subset[0]), "--prebuilt-faiss", str(faiss_file)]
-    result = subprocess.run([*command, "--out", str(tmp_path / "a")], capture_output=True, text=True)
+    args = ["--encoder", minilm_dir, "--corpus", str(subset[0]), "--prebuilt-faiss", str(faiss_file)]
+    result = _build(*args, "--out", str(tmp_path / "a"), check=False)
     assert result.returncode == 2 and "keeps no passage vectors" in result.stderr
     assert "pass --query-quantize none" in result.stderr
-    _build(*command[6:], "--out", str(tmp_path / "b"), "--query-quantize", "none")
+    _build(*args, "--out", str(tmp_path / "b"), "--query-quantize", "none")
     assert "int8_check" not in json.loads((tmp_path / "b" / "meta.json").read_text())["dense"]
 
 
 def test_prebuilt_faiss_of_another_corpus_is_refused(tmp_path, data_dir, minilm_dir, torch_index):
     faiss_file = tmp_path / "other.index"
     build_faiss(np.load(torch_index / EMBEDDINGS_FILE)[:10], "flat", faiss_file, show_progress=False)
-    command = [sys.executable, "-m", "retriever_server", "build", "--kind", "dense", "--encoder", minilm_dir]
-    command += [
-        "--corpus",
-        str(data_dir / "corpus.jsonl"),
-        "--out",
-        str(tmp_path / "o"),
-        "--prebuilt-faiss",
-        str(faiss_file),
-    ]
-    result = subprocess.run(command, capture_output=True, text=True)
+    args = ["--encoder", minilm_dir, "--corpus", str(data_dir / "corpus.jsonl"), "--out", str(tmp_path / "o")]
+    result = _build(*args, "--prebuilt-faiss", str(faiss_file), check=False)
     assert result.returncode == 2 and "holds 10 vectors, the corpus 14230 passages" in result.stderr
