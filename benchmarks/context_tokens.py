@@ -32,7 +32,8 @@ import httpx
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from verl_memagent.agent import ScriptedPolicy, instantiate_agent_loop, verl_trainer_config  # noqa: E402
+from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
+from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
 MAX_TURNS = 10

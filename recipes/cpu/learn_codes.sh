@@ -16,14 +16,14 @@ COPY_STEPS=${COPY_STEPS:-800}
 WARM_STEPS=${WARM_STEPS:-400}
 
 verl-memagent tiny-model --out "$WORK/model" --seed "$SEED" >/dev/null
-python -m verl_memagent.cpu.codes_task task --out "$WORK/task" --tokenizer "$WORK/model" --seed "$SEED" \
+python -m memagent_examples.learn_codes.task task --out "$WORK/task" --tokenizer "$WORK/model" --seed "$SEED" \
   --base-corpus "$ROOT/data/corpus.jsonl" >/dev/null
 python -m retriever_server build --kind bm25 --corpus "$WORK/task/corpus.jsonl" --out "$WORK/bm25" >/dev/null
 
 source "$HERE/retriever.sh"
 start_retriever "$WORK/bm25" "$WORK"
 
-python -m verl_memagent.cpu.codes_task warm-start --model "$WORK/model" --out "$WORK/model_warm" \
+python -m memagent_examples.learn_codes.task warm-start --model "$WORK/model" --out "$WORK/model_warm" \
   --demos "$WORK/task/demos.jsonl" --retriever "$MEMAGENT_RETRIEVER_URL" \
   --agent-loops "$HERE/learn_codes_agent_loops.yaml" --copy-steps "$COPY_STEPS" --steps "$WARM_STEPS" --seed "$SEED"
 verl-memagent prepare --input "$WORK/task/qa.jsonl" --agent memsearcher --out "$WORK/train.parquet" >/dev/null
@@ -39,4 +39,4 @@ VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" python -m verl.tra
   trainer.default_local_dir="$WORK/checkpoints" \
   "$@" >"$WORK/train.log" 2>&1 || { tail -50 "$WORK/train.log" >&2; exit 1; }
 
-python -m verl_memagent.cpu.reward_curve "$WORK/metrics.jsonl" --png "$WORK/reward_curve.png"
+python -m memagent_examples.learn_codes.reward_curve "$WORK/metrics.jsonl" --png "$WORK/reward_curve.png"

@@ -2,7 +2,7 @@
 
 from agent_helpers import QUESTION, assert_model_saw_exactly
 
-from verl_memagent.agent import ScriptedPolicy
+from memagent_examples.scripted import ScriptedPolicy
 
 TURN0 = "<IS>Nothing known yet.</IS><search>Leer town river</search>"
 TURN1 = "<IS>Leer is on a river; which one?</IS><search>Leda river Leer</search>"

@@ -2,7 +2,8 @@
 
 from agent_helpers import QUESTION, assert_model_saw_exactly
 
-from verl_memagent.agent import MemSearcherAgentLoop, ScriptedPolicy
+from memagent_examples.scripted import ScriptedPolicy
+from verl_memagent.agent import MemSearcherAgentLoop
 from verl_memagent.agent.settings import Prompts, build_settings
 
 SEARCH = (

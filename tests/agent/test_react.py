@@ -2,7 +2,7 @@
 
 from agent_helpers import assert_model_saw_exactly
 
-from verl_memagent.agent import ScriptedPolicy
+from memagent_examples.scripted import ScriptedPolicy
 
 TURNS = [
     "<think>Find Leer.</think><search>Leer town</search>",

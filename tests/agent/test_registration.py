@@ -6,7 +6,8 @@ import hydra
 import pytest
 from omegaconf import OmegaConf
 
-from verl_memagent.agent import AGENT_LOOPS_YAML, ScriptedPolicy
+from memagent_examples.scripted import ScriptedPolicy
+from verl_memagent.agent import AGENT_LOOPS_YAML
 
 
 def test_import_verl_registers_the_three_agents():

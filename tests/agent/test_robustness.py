@@ -8,7 +8,7 @@ from agent_helpers import assert_model_saw_exactly
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from verl_memagent.agent import ScriptedPolicy
+from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent.turns import SEARCH_FAILED
 
 EOS = "<|im_end|>"

@@ -5,7 +5,7 @@ import types
 import pytest
 from omegaconf import OmegaConf
 
-from verl_memagent.agent import ScriptedPolicy
+from memagent_examples.scripted import ScriptedPolicy
 
 SEARCH = '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leda river"}}</tool_call>'
 MEMORY = "<memory>Leer lies on the river Leda.</memory>"

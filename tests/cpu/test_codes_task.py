@@ -12,12 +12,18 @@ import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from memagent_examples.learn_codes.reward_curve import main as reward_curve_main
+from memagent_examples.learn_codes.reward_curve import summary
+from memagent_examples.learn_codes.task import Door, demonstration, make_doors, single_token_words, write_task
+from memagent_examples.learn_codes.warm_start import (
+    IGNORE,
+    copy_batch,
+    copy_pretraining,
+    scripted_samples,
+    supervised_steps,
+)
 from retriever_server.bm25 import terms
 from verl_memagent.agent.parsing import parse_memory, parse_tool_call_action
-from verl_memagent.cpu.codes_task import Door, demonstration, make_doors, single_token_words, write_task
-from verl_memagent.cpu.reward_curve import main as reward_curve_main
-from verl_memagent.cpu.reward_curve import summary
-from verl_memagent.cpu.warm_start import IGNORE, copy_batch, copy_pretraining, scripted_samples, supervised_steps
 from verl_memagent.search import RetrieverClient
 
 REPO = Path(__file__).resolve().parents[2]

@@ -9,7 +9,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from verl.utils.torch_functional import logprobs_from_logits
 
-from verl_memagent.cpu.hf_generator import HFGenerator
+from verl_memagent.hf_generator import HFGenerator
 
 TEXTS = [
     "<question> who wrote the book </question>",

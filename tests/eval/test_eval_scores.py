@@ -11,7 +11,8 @@ import socket
 
 import pytest
 
-from verl_memagent.agent import ScriptedPolicy, verl_trainer_config
+from memagent_examples.scripted import ScriptedPolicy
+from verl_memagent.agent import verl_trainer_config
 from verl_memagent.data.compose import compose_multi_objective
 from verl_memagent.data.prepare import QARecord, to_verl_rows
 from verl_memagent.eval.cli import agent_settings

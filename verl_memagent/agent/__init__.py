@@ -9,14 +9,12 @@ from verl_memagent.agent.factory import AGENT_LOOPS_YAML, instantiate_agent_loop
 from verl_memagent.agent.mem1 import Mem1AgentLoop
 from verl_memagent.agent.memsearcher import MemSearcherAgentLoop
 from verl_memagent.agent.react import ReactAgentLoop
-from verl_memagent.agent.scripted import ScriptedPolicy
 
 __all__ = [
     "AGENT_LOOPS_YAML",
     "Mem1AgentLoop",
     "MemSearcherAgentLoop",
     "ReactAgentLoop",
-    "ScriptedPolicy",
     "instantiate_agent_loop",
     "verl_trainer_config",
 ]

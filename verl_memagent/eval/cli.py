@@ -78,7 +78,7 @@ def _model_type(path: str) -> str | None:
 def _in_process_generator(args, max_model_len: int, max_new_tokens: int):
     import torch
 
-    from verl_memagent.cpu.hf_generator import HFGenerator
+    from verl_memagent.hf_generator import HFGenerator
 
     device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

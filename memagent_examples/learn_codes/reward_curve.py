@@ -1,6 +1,6 @@
 """Reward per training step from verl's file logger (`trainer.logger=[...,'file']`), as text, PNG and JSON.
 
-`python -m verl_memagent.cpu.reward_curve metrics.jsonl --png curve.png` prints one line per step,
+`python -m memagent_examples.learn_codes.reward_curve metrics.jsonl --png curve.png` prints one line per step,
 saves the curve, and ends with one JSON object: mean reward over the first and last `--window` steps,
 their difference, and the mean seconds per step after the first (which includes warm-up).
 """
@@ -52,7 +52,7 @@ def save_png(steps: list[dict], png: Path) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verl_memagent.cpu.reward_curve", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m memagent_examples.learn_codes.reward_curve", description=__doc__)
     parser.add_argument("metrics", type=Path, help="JSON lines written by verl's file logger")
     parser.add_argument("--png", type=Path, required=True)
     parser.add_argument("--window", type=int, default=3, help="steps averaged for reward_first / reward_last")

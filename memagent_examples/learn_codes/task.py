@@ -151,7 +151,7 @@ def warm_start(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from verl_memagent.cpu.warm_start import copy_pretraining, scripted_samples, supervised_steps
+    from memagent_examples.learn_codes.warm_start import copy_pretraining, scripted_samples, supervised_steps
 
     doors = [Door(**json.loads(line)) for line in demos.read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -173,7 +173,7 @@ def warm_start(
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m verl_memagent.cpu.codes_task", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m memagent_examples.learn_codes.task", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
     task = sub.add_parser("task", help="write corpus.jsonl, qa.jsonl and demos.jsonl")
     task.add_argument("--out", type=Path, required=True)

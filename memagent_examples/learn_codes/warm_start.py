@@ -14,9 +14,9 @@ from collections.abc import Sequence
 
 import torch
 
+from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent import instantiate_agent_loop
 from verl_memagent.agent.factory import verl_trainer_config
-from verl_memagent.agent.scripted import ScriptedPolicy
 
 IGNORE = -100
 
