@@ -9,20 +9,17 @@ import numpy as np
 import pytest
 import torch
 import verl
-from algo_batches import verl_gae_on_one_sequence
 from hydra import compose, initialize_config_dir
 from transfer_queue import KVBatchMeta
 from verl.protocol import DataProto
-from verl.trainer.ppo.core_algos import FixedKLController
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.v1 import get_trainer_cls
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.utils.tensordict_utils import list_of_dict_to_tensordict
 
+from verl_memagent.algo.config import MultiContextConfig
 from verl_memagent.algo.estimators import TrajectoryLayout
-from verl_memagent.algo.register import MultiContextConfig
-from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids, compute_multi_context_advantages
+from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids
 
 
 def verl_config(*overrides: str):
@@ -43,13 +40,17 @@ BASE = [
 
 
 class RecordingActorGroup:
-    """Stands in for the FSDP actor worker group (GPU workers): records what update_actor is given."""
+    """Stands in for the FSDP actor worker group (GPU workers): records what update_actor is given, and
+    the configured mini-batch size of the config the trainer was built with, as others read it meanwhile."""
 
-    def __init__(self):
+    def __init__(self, shared_config):
+        self.shared_config = shared_config
         self.mini_batch_sizes: list[int] = []
+        self.shared_sizes: list[int] = []
 
     def update_actor(self, batch: KVBatchMeta):
         self.mini_batch_sizes.append(batch.extra_info["mini_batch_size"])
+        self.shared_sizes.append(self.shared_config.actor_rollout_ref.actor.ppo_mini_batch_size)
         return {"metrics": {"mfu": 0.0}}
 
 
@@ -75,18 +76,19 @@ def test_optimizer_steps_per_update_follow_configuration_not_turn_counts():
     # train_batch_size / ppo_mini_batch_size = 2 steps; a mini-batch must split over n=2 and dp=2
     assert trainer._get_required_batch_multiple(dp_size=2) == 4
     for trainer_ in (trainer, verl_trainer):
-        trainer_.actor_rollout_wg = RecordingActorGroup()
+        trainer_.actor_rollout_wg = RecordingActorGroup(trainer_.config)
     for samples in (8, 12, 20):  # 4 prompts x 2 sessions with 1, 1.5, 2.5 turns on average
         trainer._update_actor(_batch(samples), metrics={})
         verl_trainer._update_actor(_batch(samples), metrics={})
     assert trainer.actor_rollout_wg.mini_batch_sizes == [4, 6, 10]  # always 2 steps
     assert verl_trainer.actor_rollout_wg.mini_batch_sizes == [8, 8, 8]  # verl: 1, 1.5, 2.5 steps (after padding 2, 3)
-    assert trainer.config.actor_rollout_ref.actor.ppo_mini_batch_size == 4  # restored after the update
+    assert trainer.actor_rollout_wg.shared_sizes == [4, 4, 4]  # the shared config is never changed
+    assert trainer.config is trainer.actor_rollout_wg.shared_config
 
 
 def test_fixed_optimizer_steps_can_be_switched_off():
     trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.fixed_optimizer_steps=false"))
-    trainer.actor_rollout_wg = RecordingActorGroup()
+    trainer.actor_rollout_wg = RecordingActorGroup(trainer.config)
     trainer.global_steps = 1  # fit() sets it
     trainer._update_actor(_batch(16), metrics={})
     assert trainer.actor_rollout_wg.mini_batch_sizes == [8]
@@ -105,6 +107,9 @@ def test_verls_own_trainer_path_fails_clearly_without_trajectory_layout():
 
 def test_multi_context_options_are_validated():
     assert MultiContextConfig.from_algorithm({}) == MultiContextConfig()
+    trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.turn_discount=0.5"))
+    assert trainer.multi_context is trainer.multi_context  # parsed once
+    assert trainer.multi_context.turn_discount == 0.5
     with pytest.raises(ValueError, match="unknown keys \\['turn_discout'\\]"):
         MultiContextConfig.from_algorithm({"multi_context": {"turn_discout": 0.9}})
     with pytest.raises(ValueError, match="turn_discount must be in"):
@@ -137,39 +142,3 @@ def test_critic_mini_batches_are_fixed_too():
     )
     # actor: 8 / 4 = 2 steps of lcm(n=2, dp=2) samples; critic: 8 / 2 = 4 steps of 2 samples
     assert trainer._get_required_batch_multiple(dp_size=2) == math.lcm(2 * 2, 4 * 2)
-
-
-def test_in_reward_kl_reaches_gae_as_per_token_reward():
-    """`compute_multi_context_advantages` on fields shaped as TransferQueue returns them, with
-    verl's in-reward KL: the penalty stays on each generated token, the outcome at the end."""
-    config = verl_config(
-        *BASE, "algorithm.adv_estimator=multi_context_gae", "algorithm.use_kl_in_reward=true", "critic.enable=true"
-    )
-    masks = [[1, 1, 0, 1], [1, 1]]
-    gen = torch.Generator().manual_seed(0)
-    rows = []
-    for turn, mask in enumerate(masks):
-        score = torch.zeros(len(mask))
-        score[-1] = 1.0  # verl's copy of the trajectory's score, in every turn
-        rows.append(
-            {
-                "response_mask": torch.tensor(mask),
-                "rm_scores": score,
-                "old_log_probs": -torch.rand(len(mask), generator=gen),
-                "ref_log_prob": -torch.rand(len(mask), generator=gen),
-                "values": torch.randn(len(mask), generator=gen),
-                "extra_fields": {"trajectory_id": "t", "turn_index": turn},
-            }
-        )
-    data = list_of_dict_to_tensordict(rows)
-    output, metrics = compute_multi_context_advantages(
-        data, ["u_0_0", "u_0_1"], [{}, {}], config, kl_ctrl=FixedKLController(0.1)
-    )
-    assert metrics["actor/reward_kl_penalty_coeff"] == 0.1
-    kl = [(r["old_log_probs"] - r["ref_log_prob"]) * r["response_mask"] for r in rows]
-    _, expected = verl_gae_on_one_sequence(
-        [r["response_mask"] for r in rows], [r["values"] for r in rows], 1.0, 1.0, 1.0, dense=[-0.1 * k for k in kl]
-    )
-    returns = output["returns"]
-    got = torch.cat([returns[i][rows[i]["response_mask"].bool()] for i in range(2)])
-    torch.testing.assert_close(got, expected)

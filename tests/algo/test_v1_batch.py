@@ -1,6 +1,7 @@
 """Through the batch verl's V1 trainer really builds: verl's agent-loop worker writes the outputs to a
 real TransferQueue under `{uid}_{session}_{i}`, verl pads the batch and reorders it for balance, then
-verl's own `_compute_advantage` (built-in grpo) and our trainer's run on the same keys."""
+verl's own `_compute_advantage` runs with its built-in grpo, and through our trainer with ours, on the
+same keys."""
 
 from __future__ import annotations
 
@@ -15,6 +16,7 @@ from omegaconf import OmegaConf
 from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
 from verl.experimental.agent_loop.agent_loop import AgentLoopMetrics, AgentLoopOutput
+from verl.trainer.ppo.core_algos import FixedKLController
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
@@ -138,11 +140,12 @@ async def test_grpo_through_verls_batch_equals_verls_builtin_and_zeroes_padding(
             expected = 0.5 / (0.5 + 1e-6) * mask[i].float()
             torch.testing.assert_close(ours[i], expected)
 
-    options = {"multi_context": {"drop_zero_variance_groups": True, "weight_trajectories": True}}
+    assert metrics["multi_context/zero_variance_groups"] == pytest.approx(1 / 3)  # u2 of u1, u2, u3 (alone)
+
+    options = {"multi_context": {"weight_trajectories": True}}
     metrics = {}
     _trainer(MultiContextTrainerSync, _config("multi_context_grpo", **options))._compute_advantage(batch, metrics)
     weighted = _advantages(batch)
-    assert metrics["multi_context/dropped_trajectories"] == 3  # the three sessions of u2
     mean_turns = rows / 7
     for i, key in enumerate(batch.keys):
         if key.startswith("u2_"):
@@ -151,28 +154,43 @@ async def test_grpo_through_verls_batch_equals_verls_builtin_and_zeroes_padding(
             torch.testing.assert_close(weighted[i], ours[i] * mean_turns / 3)
 
 
-async def test_gae_through_verls_batch_chains_each_trajectorys_turns(transfer_queue):
+async def test_gae_through_verls_batch_chains_each_trajectorys_turns_with_in_reward_kl(transfer_queue):
     await _write_rollouts("val")
     batch = _balanced_batch("val")
     nested_mask = tq.kv_batch_get(keys=batch.keys, partition_id="val", select_fields=["response_mask"])["response_mask"]
     mask = nested_mask.to_padded_tensor(0)
-    values = torch.randn(mask.shape, generator=torch.Generator().manual_seed(0))
-    tq.kv_batch_put(
-        keys=batch.keys,
-        partition_id="val",
-        fields=TensorDict({"values": response_to_nested(values, nested_mask)}, batch_size=len(batch)),
-    )
-    metrics: dict = {}
-    config = _config("multi_context_gae", gamma=0.9, lam=0.95)
-    _trainer(MultiContextTrainerSync, config)._compute_advantage(batch, metrics)
-    out = tq.kv_batch_get(keys=batch.keys, partition_id="val", select_fields=["returns"])
-    returns = out["returns"].to_padded_tensor(0)
+    gen = torch.Generator().manual_seed(0)
+    values, old, ref = (torch.randn(mask.shape, generator=gen) for _ in range(3))
+    fields = {"values": values, "old_log_probs": old, "ref_log_prob": ref}
+    nested = {name: response_to_nested(value, nested_mask) for name, value in fields.items()}
+    tq.kv_batch_put(keys=batch.keys, partition_id="val", fields=TensorDict(nested, batch_size=len(batch)))
 
-    for uid, sessions in ROLLOUTS.items():
-        for session, (reward, masks) in enumerate(sessions):
-            order = [batch.keys.index(f"{uid}_{session}_{t}") for t in range(len(masks))]
-            expected = verl_gae_on_one_sequence(
-                [mask[i] for i in order], [values[i] for i in order], reward, gamma=0.9, lam=0.95
-            )[1]
-            got = torch.cat([returns[i][mask[i].bool()] for i in order])
-            torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+    def check(kl_coef: float):
+        """Returns equal verl's GAE over each trajectory's turns laid end to end, the outcome at its last
+        generated token and verl's in-reward KL penalty (`kl`: old - ref) on every generated token."""
+        out = tq.kv_batch_get(keys=batch.keys, partition_id="val", select_fields=["returns"])
+        returns = out["returns"].to_padded_tensor(0)
+        for uid, sessions in ROLLOUTS.items():
+            for session, (reward, masks) in enumerate(sessions):
+                order = [batch.keys.index(f"{uid}_{session}_{t}") for t in range(len(masks))]
+                dense = [-kl_coef * (old[i] - ref[i]) * mask[i] for i in order]
+                expected = verl_gae_on_one_sequence(
+                    [mask[i] for i in order], [values[i] for i in order], reward, gamma=0.9, lam=0.95, dense=dense
+                )[1]
+                got = torch.cat([returns[i][mask[i].bool()] for i in order])
+                torch.testing.assert_close(got, expected, atol=1e-5, rtol=1e-5)
+
+    metrics: dict = {}
+    _trainer(MultiContextTrainerSync, _config("multi_context_gae", gamma=0.9, lam=0.95))._compute_advantage(
+        batch, metrics
+    )
+    check(kl_coef=0.0)
+    assert metrics["multi_context/trajectories"] == 7
+
+    config = _config("multi_context_gae", gamma=0.9, lam=0.95, use_kl_in_reward=True)
+    trainer = _trainer(MultiContextTrainerSync, config)
+    trainer.kl_ctrl_in_reward = FixedKLController(0.1)
+    metrics = {}
+    trainer._compute_advantage(batch, metrics)
+    assert metrics["actor/reward_kl_penalty_coeff"] == 0.1  # verl's own step ran
+    check(kl_coef=0.1)

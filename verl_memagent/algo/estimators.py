@@ -150,20 +150,20 @@ def grpo_row_advantages(
     norm_by_std: bool = True,
     epsilon: float = 1e-6,
     weight_trajectories: bool = False,
-    drop_zero_variance: bool = False,
     turn_discount: float = 1.0,
 ) -> tuple[torch.Tensor, dict[str, float]]:
     """Each row's GRPO advantage (its trajectory's), and metrics over the valid rows.
 
     A trajectory's reward is the summed token rewards of its last turn's row (verl copies the score
     to every turn). Within a prompt group: A = (r - mean) / (std + epsilon), std unbiased; a group of
-    one trajectory gets mean 0 and std 1, as in verl's `compute_grpo_outcome_advantage`.
+    one trajectory gets mean 0 and std 1, as in verl's `compute_grpo_outcome_advantage`. A group of
+    several trajectories whose rewards are all equal carries no signal and gets exactly 0 (the formula
+    would divide float rounding in `r - mean` by epsilon); `multi_context/zero_variance_groups` is the
+    fraction of groups that did.
 
     - `weight_trajectories`: scale trajectory j's advantage by mean_turns / turns_j, so a trajectory's
       summed per-row weight is the same whatever its number of turns (exact with
       `loss_agg_mode=seq-mean-token-mean`; see docs/estimators.md).
-    - `drop_zero_variance`: groups whose rewards are all equal get exactly zero advantage and are
-      counted in `multi_context/zero_variance_groups` and `multi_context/dropped_trajectories`.
     - `turn_discount` (gamma): turn t of T (final turn t = T) is scaled by gamma^(T - t).
     """
     num_traj, num_groups = layout.num_trajectories, layout.num_groups
@@ -187,8 +187,7 @@ def grpo_row_advantages(
     high = torch.full((num_groups,), -torch.inf, dtype=reward.dtype).scatter_reduce(0, group, reward, "amax")
     low = torch.full((num_groups,), torch.inf, dtype=reward.dtype).scatter_reduce(0, group, reward, "amin")
     zero_variance = (~single) & (high == low)
-    if drop_zero_variance:
-        advantage = torch.where(zero_variance[group], torch.zeros_like(advantage), advantage)
+    advantage = torch.where(zero_variance[group], torch.zeros_like(advantage), advantage)
 
     turns = _turns_per_trajectory(layout).to(reward.dtype)
     if weight_trajectories and num_traj:
@@ -202,7 +201,6 @@ def grpo_row_advantages(
 
     metrics = _layout_metrics(layout)
     metrics["multi_context/zero_variance_groups"] = zero_variance.float().mean().item() if num_groups else 0.0
-    metrics["multi_context/dropped_trajectories"] = float(zero_variance[group].sum()) if drop_zero_variance else 0.0
     return per_row, metrics
 
 

@@ -1,42 +1,37 @@
-"""verl V1 trainers that give the multi-context estimators each sample's trajectory and turn.
+"""verl V1 trainers that tell the multi-context estimators each sample's trajectory and turn.
 
 verl stores every output of an agent loop under the key `{uid}_{session_id}_{index}`: the key alone
 names the trajectory (`{uid}_{session_id}`), the turn (`index`, the output's position in the list
-`run()` returned) and the prompt group (`uid`). verl's `_compute_advantage` drops the keys before
-calling an estimator; ours keeps them. Everything else is verl's: the trainers subclass verl's three
+`run()` returned) and the prompt group (`uid`). verl's own `_compute_advantage` runs unchanged (in-reward
+KL, rollout correction, the call of the registered estimator); around it the trainer makes the batch's
+layout available to our estimators (`verl_estimators.providing`). The trainers subclass verl's three
 V1 trainers and are registered with `register_trainer`, selected by `trainer.v1.trainer_mode`.
 
-Two more overrides keep the number of optimizer steps per training step fixed by configuration
+The update steps keep the number of optimizer steps per training step fixed by configuration
 (`algorithm.multi_context.fixed_optimizer_steps`): verl sizes a PPO mini-batch in samples
 (`ppo_mini_batch_size * rollout.n`), so trajectories with K turns would make K times the steps.
 """
 
 from __future__ import annotations
 
+import copy
 import math
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from functools import cached_property
 
 import numpy as np
 import transfer_queue as tq
-from omegaconf import DictConfig, open_dict
-from tensordict import TensorDict
+from omegaconf import DictConfig, OmegaConf, open_dict
 from transfer_queue import KVBatchMeta
-from verl.protocol import DataProto
-from verl.trainer.ppo import core_algos
-from verl.trainer.ppo.ray_trainer import apply_kl_penalty
-from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_add_to_batch
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
-from verl.workers.utils.padding import response_to_nested
 
+from verl_memagent.algo.config import GAE, GRPO, MultiContextConfig
 from verl_memagent.algo.estimators import TrajectoryLayout
-from verl_memagent.algo.register import GAE, GRPO, MultiContextConfig
-
-ESTIMATORS = (GRPO, GAE)
-FIELDS = ["response_mask", "rm_scores", "rollout_log_probs", "old_log_probs", "ref_log_prob", "values", "extra_fields"]
+from verl_memagent.algo.verl_estimators import TrajectoryBatch, providing
 
 
 def check_agent_ids(layout: TrajectoryLayout, extra_fields: Sequence[dict]) -> None:
@@ -60,62 +55,6 @@ def check_agent_ids(layout: TrajectoryLayout, extra_fields: Sequence[dict]) -> N
         raise ValueError("extra_fields.turn_index differs from the output's position: run() must return turns in order")
 
 
-def compute_multi_context_advantages(
-    data: TensorDict,
-    keys: Sequence[str],
-    tags: Sequence[dict],
-    config: DictConfig,
-    kl_ctrl: core_algos.AdaptiveKLController | None = None,
-) -> tuple[TensorDict, dict[str, float]]:
-    """Advantages for one batch as TransferQueue holds it (`FIELDS`, nested), in `keys` order.
-
-    Returns the nested fields to write back and the metrics. Mirrors the steps of verl's
-    `PPOTrainer._compute_advantage` (in-reward KL, rollout correction) around our estimator.
-    """
-    algorithm = config.algorithm
-    layout = TrajectoryLayout.from_keys(keys, [tag.get("is_padding", False) for tag in tags])
-    if "extra_fields" in data.keys():
-        check_agent_ids(layout, list(data["extra_fields"]))
-    nested_mask = data["response_mask"]
-    tensors = [key for key in FIELDS if key != "extra_fields" and key in data.keys()]
-    batch = DataProto(batch=data.select(*tensors).to_padded_tensor())
-    batch.batch["token_level_scores"] = batch.batch["rm_scores"]
-
-    metrics: dict[str, float] = {}
-    if algorithm.use_kl_in_reward:
-        batch, kl_metrics = apply_kl_penalty(batch, kl_ctrl=kl_ctrl, kl_penalty=algorithm.kl_penalty)
-        metrics.update(kl_metrics)
-    else:
-        batch.batch["token_level_rewards"] = batch.batch["token_level_scores"]
-
-    rollout_corr = algorithm.get("rollout_correction", None)
-    correction = rollout_corr is not None and "rollout_log_probs" in batch.batch and not rollout_corr.get("bypass_mode")
-    if correction:
-        batch, is_metrics = compute_rollout_correction_and_add_to_batch(batch, rollout_corr)
-        metrics.update(is_metrics)
-
-    estimator = core_algos.get_adv_estimator_fn(algorithm.adv_estimator)
-    result = estimator(
-        token_level_rewards=batch.batch["token_level_rewards"],
-        response_mask=batch.batch["response_mask"],
-        config=algorithm,
-        layout=layout,
-        token_level_scores=batch.batch["token_level_scores"],
-        values=batch.batch.get("values", None),
-    )
-    metrics.update(result.metrics)
-
-    out = {"advantages": result.advantages, "returns": result.returns}
-    if algorithm.use_kl_in_reward:
-        out["token_level_rewards"] = batch.batch["token_level_rewards"]
-    if correction:
-        out["response_mask"] = batch.batch["response_mask"]
-        if "rollout_is_weights" in batch.batch:
-            out["rollout_is_weights"] = batch.batch["rollout_is_weights"]
-    nested = {name: response_to_nested(value, nested_mask) for name, value in out.items()}
-    return TensorDict(nested, batch_size=len(keys)), metrics
-
-
 class MultiContextTrainerMixin:
     """Put in front of one of verl's V1 trainers; `base_mode` is that trainer's `trainer_mode`."""
 
@@ -131,17 +70,36 @@ class MultiContextTrainerMixin:
     def trainer_mode(self, _registered_name: str) -> None:
         pass
 
+    @cached_property
+    def multi_context(self) -> MultiContextConfig:
+        """`algorithm.multi_context`, parsed and checked once."""
+        return MultiContextConfig.from_algorithm(self.config.algorithm)
+
     # ---- advantages ----------------------------------------------------------------------------
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        if self.config.algorithm.adv_estimator not in ESTIMATORS:
+        # verl hands an estimator the prompt uid only: ours also need each row's trajectory and turn
+        if self.config.algorithm.adv_estimator not in (GRPO, GAE):
             return super()._compute_advantage(batch, metrics)
-        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=FIELDS)
-        output, adv_metrics = compute_multi_context_advantages(
-            data, batch.keys, batch.tags, self.config, getattr(self, "kl_ctrl_in_reward", None)
-        )
-        metrics.update(adv_metrics)
-        return tq.kv_batch_put(keys=batch.keys, partition_id=batch.partition_id, fields=output)
+        with providing(self._trajectory_batch(batch)) as trajectories:
+            batch = super()._compute_advantage(batch, metrics)
+        metrics.update(trajectories.metrics)
+        return batch
+
+    def _trajectory_batch(self, batch: KVBatchMeta) -> TrajectoryBatch:
+        """The batch's layout from its keys, checked against the agents' tags, plus for GAE the critic's
+        values and the reward before in-reward KL, padded as verl's `_compute_advantage` pads them."""
+        layout = TrajectoryLayout.from_keys(batch.keys, [tag.get("is_padding", False) for tag in batch.tags])
+        gae = self.config.algorithm.adv_estimator == GAE
+        fields = ["extra_fields", *(["values", "rm_scores"] if gae else [])]
+        data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
+        if "extra_fields" in data.keys():
+            check_agent_ids(layout, list(data["extra_fields"]))
+        trajectories = TrajectoryBatch(layout, self.multi_context)
+        if gae and "values" in data.keys():
+            padded = data.select("values", "rm_scores").to_padded_tensor()
+            trajectories.values, trajectories.token_level_scores = padded["values"], padded["rm_scores"]
+        return trajectories
 
     # ---- a fixed number of optimizer steps -------------------------------------------------------
 
@@ -161,42 +119,41 @@ class MultiContextTrainerMixin:
         micro = 1 if section.get("use_dynamic_bsz", False) else section.get("ppo_micro_batch_size_per_gpu") or 1
         return math.lcm(self.config.actor_rollout_ref.rollout.n, dp_size * micro)
 
-    def _updated_sections(self) -> list[DictConfig]:
-        sections = [self.config.actor_rollout_ref.actor]
-        if self.use_critic:
-            sections.append(self.config.critic)
-        return sections
-
-    def _fixed_steps(self) -> bool:
-        return MultiContextConfig.from_algorithm(self.config.algorithm).fixed_optimizer_steps
+    def _updated_sections(self) -> list[str]:
+        return ["actor_rollout_ref.actor", "critic"] if self.use_critic else ["actor_rollout_ref.actor"]
 
     def _get_required_batch_multiple(self, dp_size: int) -> int:
-        if not self._fixed_steps():
+        if not self.multi_context.fixed_optimizer_steps:
             return super()._get_required_batch_multiple(dp_size)
-        return math.lcm(*(self._optimizer_steps(s) * self._sample_unit(s, dp_size) for s in self._updated_sections()))
+        sections = [OmegaConf.select(self.config, path) for path in self._updated_sections()]
+        return math.lcm(*(self._optimizer_steps(s) * self._sample_unit(s, dp_size) for s in sections))
 
     @contextmanager
-    def _mini_batch_for(self, section: DictConfig, batch_size: int) -> Iterator[None]:
-        """Size verl's mini-batch so that this padded batch makes exactly the configured steps."""
-        if not self._fixed_steps():
+    def _mini_batches_for(self, samples: int) -> Iterator[None]:
+        """While the block runs, `self.config` is a copy whose `ppo_mini_batch_size` splits `samples` into
+        the configured number of steps; the config verl and the other components share is never changed."""
+        if not self.multi_context.fixed_optimizer_steps:
             yield
             return
-        configured = section.ppo_mini_batch_size
-        per_step = batch_size // self._optimizer_steps(section)
-        with open_dict(section):
-            section.ppo_mini_batch_size = per_step // self.config.actor_rollout_ref.rollout.n
+        shared, sized = self.config, copy.deepcopy(self.config)
+        with open_dict(sized):
+            for path in self._updated_sections():
+                section = OmegaConf.select(sized, path)
+                per_step = samples // self._optimizer_steps(section)
+                section.ppo_mini_batch_size = per_step // sized.actor_rollout_ref.rollout.n
+        self.config = sized
         try:
             yield
         finally:
-            with open_dict(section):
-                section.ppo_mini_batch_size = configured
+            self.config = shared
 
+    # verl reads the mini-batch size from `self.config` on each update; it counts samples, not prompts
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        with self._mini_batch_for(self.config.actor_rollout_ref.actor, len(batch)):
+        with self._mini_batches_for(len(batch)):
             return super()._update_actor(batch, metrics)
 
     def _update_critic(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        with self._mini_batch_for(self.config.critic, len(batch)):
+        with self._mini_batches_for(len(batch)):
             return super()._update_critic(batch, metrics)
 
 

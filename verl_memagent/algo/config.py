@@ -1,0 +1,33 @@
+"""Names and options shared by the estimators' verl adapters and the trainers that feed them."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+GRPO, GAE = "multi_context_grpo", "multi_context_gae"
+TRAINER_MODES = ("sync", "colocate_async", "separate_async")
+TRAINERS = tuple(f"memagent_{mode}" for mode in TRAINER_MODES)
+
+
+@dataclass(frozen=True)
+class MultiContextConfig:
+    """`algorithm.multi_context` (add with `+algorithm.multi_context.<key>=...` on the command line)."""
+
+    #: scale each trajectory's advantage by mean_turns / its_turns (GRPO), see docs/estimators.md
+    weight_trajectories: bool = False
+    #: gamma in gamma^(T - t): earlier turns get a discounted share of the trajectory advantage (GRPO)
+    turn_discount: float = 1.0
+    #: optimizer steps per training step = train_batch_size / ppo_mini_batch_size, whatever the turn count
+    fixed_optimizer_steps: bool = True
+
+    @classmethod
+    def from_algorithm(cls, algorithm) -> MultiContextConfig:
+        section = dict((algorithm or {}).get("multi_context", None) or {})
+        known = {f.name for f in fields(cls)}
+        unknown = sorted(set(section) - known)
+        if unknown:
+            raise ValueError(f"algorithm.multi_context has unknown keys {unknown}; known keys: {sorted(known)}")
+        config = cls(**section)
+        if not 0.0 < config.turn_discount <= 1.0:
+            raise ValueError(f"algorithm.multi_context.turn_discount must be in (0, 1], got {config.turn_discount}")
+        return config
