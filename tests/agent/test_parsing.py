@@ -11,7 +11,7 @@ from verl_memagent.agent.parsing import Action, parse_memory, parse_tag_action, 
     ("text", "expected"),
     [
         ("<think>x</think><search> who </search>", Action("search", query="who")),
-        ("<answer> Paris </answer>", Action("answer", answer="Paris")),
+        ("<answer> Paris </answer>", Action("answer", answer="Paris", format_ok=True)),
         ("just words", Action.invalid("no_action")),
         ("<search> who ", Action.invalid("unclosed_tag")),
         ("<answer>Paris", Action.invalid("unclosed_tag")),
@@ -35,7 +35,9 @@ def test_tag_actions_with_renamed_tags():
             '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": " Leda "}}</tool_call>',
             Action("search", query="Leda"),
         ),
-        (r"<think>t</think>\boxed{Old Frisian}", Action("answer", answer="Old Frisian")),
+        (r"<think>t</think>\boxed{Old Frisian}", Action("answer", answer="Old Frisian", format_ok=True)),
+        # an answer MemSearcher's format rule rejects (two think blocks): parsed, with the verdict
+        (r"<think>a</think><think>b</think>\boxed{Leda}", Action("answer", answer="Leda", format_ok=False)),
         ("<tool_call>{not json}</tool_call>", Action.invalid("bad_tool_call")),
         ('<tool_call>{"name": "other", "arguments": {"query": "x"}}</tool_call>', Action.invalid("bad_tool_call")),
         (
@@ -81,3 +83,11 @@ def test_any_text_maps_to_one_defined_action(text):
             assert action.query and action.query == action.query.strip()
         else:
             assert action.kind == "answer" and action.answer
+
+
+def test_format_verdict_uses_the_configured_tags():
+    text = r"<reason>a</reason><reason>b</reason>\boxed{Leda}"
+    assert parse_tool_call_action(text, "wikipedia_search").format_ok  # no <think> block: fine by default
+    renamed = parse_tool_call_action(text, "wikipedia_search", tool_call_tag="call", think_tag="reason")
+    assert renamed == Action("answer", answer="Leda", format_ok=False)
+    assert parse_tool_call_action(r"<call>x</call>\boxed{a}", "s", tool_call_tag="call").reason == "search_and_answer"

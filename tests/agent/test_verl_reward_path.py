@@ -10,6 +10,7 @@ from memagent_examples.scripted import ScriptedPolicy
 SEARCH = '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leda river"}}</tool_call>'
 MEMORY = "<memory>Leer lies on the river Leda.</memory>"
 ANSWER = "<think>from memory</think>\\boxed{Leda}<|im_end|>"
+TWO_BLOCKS = "<reason>a</reason><reason>b</reason>\\boxed{Leda}"
 
 
 @pytest.fixture(scope="module")
@@ -63,3 +64,23 @@ async def test_react_single_output_scored_by_verl(run_agent, tokenizer, reward_c
     output = await run_agent("react", ScriptedPolicy(tokenizer, ["<search>Leer</search>", "<answer>Leda</answer>"]))
     final = await score_with_verl(reward_config, tokenizer, [output], "exact_match_score", ["Leda"])
     assert final.reward_score == 1.0
+
+
+async def test_renamed_tags_are_scored_as_the_agent_parsed_them(run_agent, tokenizer, reward_config):
+    tags = {"state": "state", "search": "ask", "answer": "final"}
+    script = ["<state>s</state><ask>Leer</ask>", "<state>t</state><final>Lower Saxony; Leda</final>"]
+    outputs = await run_agent("mem1", ScriptedPolicy(tokenizer, script), tags=tags, topk=5)
+    assert outputs[-1].extra_fields["final_answer"] == "Lower Saxony; Leda"
+    final = await score_with_verl(reward_config, tokenizer, outputs, "multi_objective_em", [["Lower Saxony"], ["Leda"]])
+    assert final.reward_score == 2.0  # the default grammar would find no <answer> here and score 0
+
+
+@pytest.mark.parametrize(("answer", "score"), [("<reason>r</reason>\\boxed{Leda}", 1.0), (TWO_BLOCKS, 0.0)])
+async def test_memsearcher_format_rule_follows_renamed_tags(run_agent, tokenizer, reward_config, answer, score):
+    search = '<reason>t</reason><call>{"name": "wikipedia_search", "arguments": {"query": "Leda river"}}</call>'
+    policy = ScriptedPolicy(tokenizer, [search, MEMORY, answer + "<|im_end|>"])
+    outputs = await run_agent("memsearcher", policy, tags={"think": "reason", "tool_call": "call"}, topk=5)
+    assert outputs[-1].extra_fields["finish_reason"] == "answer"
+    final = await score_with_verl(reward_config, tokenizer, outputs, "f1_with_format", ["Leda"])
+    # two reasoning blocks break MemSearcher's format, which the default tags (<think>) would not see
+    assert final.reward_score == score and final.extra_fields["reward_extra_info"]["format_ok"] == score

@@ -3,7 +3,13 @@
 import numpy as np
 import pytest
 
-from verl_memagent.reward.scores import exact_match_score, f1_with_format, memsearcher_format_ok, multi_objective_em
+from verl_memagent.reward.scores import (
+    exact_match_score,
+    f1_with_format,
+    final_answer,
+    memsearcher_format_ok,
+    multi_objective_em,
+)
 
 
 @pytest.mark.parametrize(
@@ -66,3 +72,24 @@ def test_final_response_from_the_agent_loop_wins_over_verls_slice():
     assert f1_with_format("nq", r"<think>t</think>\boxed{Le", ["Leda"], extra)["score"] == 1.0
     assert exact_match_score("nq", "", ["Leda"], {"final_response": "<answer>Leda</answer>"})["score"] == 1.0
     assert multi_objective_em("mo", "", [["a"], ["b"]], {"final_response": "<answer>a; b</answer>"})["score"] == 2.0
+
+
+def test_memsearcher_format_with_renamed_tags():
+    assert memsearcher_format_ok(r"<r>a</r>\boxed{x}", think_tag="r")
+    assert not memsearcher_format_ok(r"<r>a</r><r>b</r>\boxed{x}", think_tag="r")
+    assert not memsearcher_format_ok(r"<call>{}</call>\boxed{x}", tool_call_tag="call")
+
+
+def test_the_agents_record_is_scored_not_the_text():
+    text = r"<think>a</think><think>b</think>\boxed{Leda} <answer>Leer</answer>"
+    recorded = {"final_response": text, "finish_reason": "answer", "final_answer": "Leda", "final_format_ok": True}
+    assert f1_with_format("nq", text, ["Leda"], {"final_response": text})["score"] == 0.0  # default grammar
+    assert f1_with_format("nq", text, ["Leda"], recorded)["score"] == 1.0
+    assert exact_match_score("nq", text, ["Leda"], recorded)["score"] == 1.0
+    assert final_answer(text, {"final_response": text}) == "Leer"  # fallback: the <answer> span first
+    assert multi_objective_em("mo", "", [["Leda"]], {**recorded, "final_answer": "Leda; x"})["score"] == 1.0
+    unformatted = {**recorded, "final_format_ok": False}
+    assert f1_with_format("nq", text, ["Leda"], unformatted)["score"] == 0.0
+    assert exact_match_score("nq", text, ["Leda"], unformatted)["score"] == 1.0  # EM reads no format
+    no_answer = {"finish_reason": "max_turns", "final_answer": None, "final_format_ok": False}
+    assert exact_match_score("nq", "<answer>Leda</answer>", ["Leda"], no_answer)["score"] == 0.0

@@ -60,7 +60,7 @@ class Mem1AgentLoop(SearchAgentLoop):
             if truncated and self.settings.memory_overflow == "penalty":
                 return trajectory.finish("memory_overflow", penalised=True)
             if action.kind == "answer":
-                return trajectory.finish("answer")
+                return trajectory.finish("answer", answer=action)
             if turn == max_turns - 1:
                 return trajectory.finish("max_turns")
 

@@ -57,9 +57,11 @@ class MemSearcherAgentLoop(SearchAgentLoop):
             action_gen = await self.generate(context, sampling_params)
             if action_gen is None:
                 return trajectory.finish("context_limit")
-            action = parse_tool_call_action(action_gen.text, self.settings.tool_name, self.tags["tool_call"])
+            action = parse_tool_call_action(
+                action_gen.text, self.settings.tool_name, self.tags["tool_call"], self.tags["think"]
+            )
             if action.kind == "answer":
-                return trajectory.finish("answer")
+                return trajectory.finish("answer", answer=action)
             if action.kind == "invalid":
                 return trajectory.finish(action.reason)
             if last_turn:

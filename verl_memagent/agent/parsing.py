@@ -12,6 +12,9 @@ code the loops report as the trajectory's finish reason:
 | `empty_answer` | an answer with blank content |
 | `bad_tool_call` | a tool call that is not JSON `{"name": <tool>, "arguments": {"query": str}}` |
 | `no_state` | (mem1) an action without the internal state before it |
+
+An answer also carries the agent's format verdict (`format_ok`), which the loops record with the answer
+for the rewards (`reward.scores`): they score what the agent parsed with its own tags.
 """
 
 from __future__ import annotations
@@ -20,16 +23,19 @@ import json
 from dataclasses import dataclass
 
 from verl_memagent.reward.answers import extract_boxed, extract_tag
+from verl_memagent.reward.scores import memsearcher_format_ok
 
 
 @dataclass(frozen=True)
 class Action:
-    """One parsed action: `search` (with query), `answer` (with answer) or `invalid` (with reason)."""
+    """One parsed action: `search` (with query), `answer` (with answer and format verdict) or `invalid`
+    (with reason)."""
 
     kind: str
     query: str = ""
     answer: str = ""
     reason: str = ""
+    format_ok: bool = False
 
     @classmethod
     def invalid(cls, reason: str) -> Action:
@@ -41,7 +47,7 @@ def _opened(text: str, tag: str) -> bool:
 
 
 def parse_tag_action(text: str, search_tag: str = "search", answer_tag: str = "answer") -> Action:
-    """Search-R1 / MEM1 actions: `<search> q </search>` or `<answer> a </answer>`."""
+    """Search-R1 / MEM1 actions: `<search> q </search>` or `<answer> a </answer>` (any answer is well formed)."""
     if _opened(text, search_tag) and _opened(text, answer_tag):
         return Action.invalid("search_and_answer")
     for tag, kind in ((answer_tag, "answer"), (search_tag, "search")):
@@ -52,12 +58,15 @@ def parse_tag_action(text: str, search_tag: str = "search", answer_tag: str = "a
             return Action.invalid("unclosed_tag")
         if not content:
             return Action.invalid("empty_query" if kind == "search" else "empty_answer")
-        return Action("search", query=content) if kind == "search" else Action("answer", answer=content)
+        return Action("search", query=content) if kind == "search" else Action("answer", answer=content, format_ok=True)
     return Action.invalid("no_action")
 
 
-def parse_tool_call_action(text: str, tool_name: str, tool_call_tag: str = "tool_call") -> Action:
-    """MemSearcher actions: a `<tool_call>` JSON search, or a `\\boxed{answer}`."""
+def parse_tool_call_action(
+    text: str, tool_name: str, tool_call_tag: str = "tool_call", think_tag: str = "think"
+) -> Action:
+    """MemSearcher actions: a `<tool_call>` JSON search, or a `\\boxed{answer}` whose format verdict is
+    MemSearcher's rule for an answer turn (`reward.scores.memsearcher_format_ok`)."""
     has_call, has_box = _opened(text, tool_call_tag), "\\boxed{" in text
     if has_call and has_box:
         return Action.invalid("search_and_answer")
@@ -65,7 +74,9 @@ def parse_tool_call_action(text: str, tool_name: str, tool_call_tag: str = "tool
         answer = extract_boxed(text)
         if answer is None:
             return Action.invalid("unclosed_tag")
-        return Action("answer", answer=answer) if answer else Action.invalid("empty_answer")
+        if not answer:
+            return Action.invalid("empty_answer")
+        return Action("answer", answer=answer, format_ok=memsearcher_format_ok(text, think_tag, tool_call_tag))
     if not has_call:
         return Action.invalid("no_action")
     payload = extract_tag(text, tool_call_tag)

@@ -34,7 +34,7 @@ class ReactAgentLoop(SearchAgentLoop):
                 return trajectory.finish("context_limit")
             action = parse_tag_action(generation.text, self.tags["search"], self.tags["answer"])
             if action.kind == "answer":
-                return trajectory.finish("answer")
+                return trajectory.finish("answer", answer=action)
             if action.kind == "invalid":
                 return trajectory.finish(action.reason)
             if turn == max_turns - 1:

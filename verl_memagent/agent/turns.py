@@ -20,6 +20,7 @@ import httpx
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 from verl.utils.tokenizer.chat_template import initialize_turn_separator
 
+from verl_memagent.agent.parsing import Action
 from verl_memagent.agent.settings import AgentSettings, Prompts, build_settings
 from verl_memagent.search import RetrieverClient, RetrieverError, format_documents
 
@@ -123,9 +124,10 @@ class Trajectory:
     contexts: list[Context] = field(default_factory=list)
     finish_reason: str = ""
     penalised: bool = False
+    answer: Action | None = None  # the final answer action, parsed with the agent's tags
 
-    def finish(self, reason: str, penalised: bool = False) -> None:
-        self.finish_reason, self.penalised = reason, penalised
+    def finish(self, reason: str, penalised: bool = False, answer: Action | None = None) -> None:
+        self.finish_reason, self.penalised, self.answer = reason, penalised, answer
 
 
 class SearchAgentLoop(AgentLoopBase):
@@ -309,6 +311,9 @@ class SearchAgentLoop(AgentLoopBase):
                 # verl's reward input for a list decodes a mis-sized slice of the last response when an
                 # earlier context is longer (AgentLoopWorker._compute_score); rewards read this instead
                 "final_response": final_response,
+                # the answer and format verdict the rewards score (reward/scores.py): ours, with our tags
+                "final_answer": trajectory.answer.answer if trajectory.answer else None,
+                "final_format_ok": bool(trajectory.answer and trajectory.answer.format_ok),
                 "context_tokens": len(context.token_ids),
                 "prompt_tokens": len(context.prompt_ids),
                 "prefill_tokens": context.prefill_tokens,

@@ -1,8 +1,8 @@
 """One evaluated task as a JSON-ready record: prediction, scores and the trajectory the agent played.
 
-Scores are the training rewards' own reading of the answer (the final output's `<answer>`/`\\boxed{}`
-from `extra_fields["final_response"]`, none for a trajectory that ended without a valid answer),
-chosen by the shape of the ground truth:
+Scores are the training rewards' own reading of the answer (`reward.scores.final_answer`: the answer
+the agent loop recorded, none for a trajectory that ended without a valid answer), chosen by the shape
+of the ground truth:
 
 - a flat list of gold answers is one question: `reward.scores.exact_match_score` (EM, F1) plus
   FlashRAG's `acc` (a normalised gold answer is contained in the normalised prediction);
@@ -25,8 +25,8 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from verl_memagent.agent.turns import question_of
-from verl_memagent.reward import extract_answer, f1_score, gold_answers, normalize_answer, split_objectives
-from verl_memagent.reward.scores import exact_match_score, multi_objective_em
+from verl_memagent.reward import f1_score, gold_answers, normalize_answer, split_objectives
+from verl_memagent.reward.scores import exact_match_score, final_answer, multi_objective_em
 
 
 def contains_answer(prediction: str | None, golds: list[str]) -> float:
@@ -49,8 +49,8 @@ def score(extra_fields: dict[str, Any], ground_truth: Any) -> tuple[str | None, 
     final = extra_fields["final_response"]
     objectives = objective_golds(ground_truth)
     golds = gold_answers(ground_truth) if objectives is None else []
-    reading = exact_match_score("eval", final, golds, extra_info=extra_fields)  # whether an answer was read
-    prediction = extract_answer(final) if reading["has_answer"] else None
+    reading = exact_match_score("eval", final, golds, extra_info=extra_fields)
+    prediction = final_answer(final, extra_fields)
     if objectives is None:
         em = reading["em"]
         return prediction, {

@@ -2,18 +2,23 @@
 
 Each takes verl's `compute_score(data_source, solution_str, ground_truth, extra_info, **kwargs)` and
 returns a dict whose `score` is the reward; the other keys become verl's `reward_extra_info`.
-The answer is read from the trajectory's final output only (verl scores the last output of an agent
-loop's list and copies the score to the others): `extra_info["final_response"]`, which our loops set
-to the decoded final response, else `solution_str`. verl 0.9.1 hands `solution_str` over as a slice of
-the last response sized by the longest output of the list, so with outputs of different lengths it
-is cut or padded; `final_response` is exact. A trajectory the agent loop ended without a valid answer
-(`extra_info["finish_reason"]` other than `answer`, e.g. an invalid action or the turn limit) or with a
-penalty (`extra_info["penalised"]`, memory overflow in penalty mode) scores 0.
+verl merges the agent loop's `extra_fields` into `extra_info` and scores the trajectory's final output
+(the last of an agent loop's list; the score is copied to the others).
+
+The agent owns the grammar of its outputs: our loops parse the final action with their configured tags
+and record `extra_info["final_answer"]` (the answer, or None) and `extra_info["final_format_ok"]` (the
+format verdict). The rewards score that record. Outputs without one, such as plain completions
+in `verl-memagent eval`, are parsed here with the default tags (`<answer>`, `\\boxed{}`, `<think>`,
+`<tool_call>`), from `extra_info["final_response"]` if present (verl 0.9.1 hands `solution_str` over as a
+slice of the last response sized by the longest output of the list), else `solution_str`.
+A trajectory the agent loop ended without a valid answer (`extra_info["finish_reason"]` other than
+`answer`, e.g. an invalid action or the turn limit) or with a penalty (`extra_info["penalised"]`, memory
+overflow in penalty mode) scores 0.
 
 | name | use |
 | --- | --- |
 | `f1_with_format` | MemSearcher training: 0 broken format, 0.1 valid format but F1 = 0, else F1 |
-| `exact_match_score` | evaluation (any agent): EM of the `<answer>` / `\\boxed{}` answer |
+| `exact_match_score` | evaluation (any agent): EM of the final answer |
 | `multi_objective_em` | MEM1: sum over objectives of EM, answers separated by `;` |
 """
 
@@ -46,25 +51,47 @@ def _final_response(solution_str: str, extra_info: Any) -> str:
     return solution_str
 
 
-def memsearcher_format_ok(text: str) -> bool:
-    """MemSearcher's answer turn: at most one closed `<think>` block, then one non-empty `\\boxed{}`, no tool call."""
-    if "<tool_call>" in text or text.count("\\boxed{") != 1:
+def _recorded(extra_info: Any) -> tuple[str | None, bool] | None:
+    """(final answer, format verdict) as the agent loop recorded them, or None for outputs without a record."""
+    if not isinstance(extra_info, dict) or "final_format_ok" not in extra_info:
+        return None
+    answer = extra_info.get("final_answer")
+    return (answer if isinstance(answer, str) else None), bool(extra_info["final_format_ok"])
+
+
+def memsearcher_format_ok(text: str, think_tag: str = "think", tool_call_tag: str = "tool_call") -> bool:
+    """MemSearcher's answer turn: at most one closed think block, then one non-empty `\\boxed{}`, no tool call."""
+    if f"<{tool_call_tag}>" in text or text.count("\\boxed{") != 1:
         return False
-    opened, closed = text.count("<think>"), text.count("</think>")
+    opening, closing = f"<{think_tag}>", f"</{think_tag}>"
+    opened, closed = text.count(opening), text.count(closing)
     if opened != closed or opened > 1:
         return False
     answer = extract_boxed(text)
     if not answer:
         return False
-    return not opened or text.index("</think>") < text.index("\\boxed{")
+    return not opened or text.index(closing) < text.index("\\boxed{")
+
+
+def final_answer(solution_str: str, extra_info: Any = None) -> str | None:
+    """The answer `exact_match_score` and `multi_objective_em` score: the one the agent recorded, else the
+    last `<answer>` span (or `\\boxed{}`) of the final response; None without one or when penalised."""
+    if _penalised(extra_info):
+        return None
+    recorded = _recorded(extra_info)
+    return recorded[0] if recorded is not None else extract_answer(_final_response(solution_str, extra_info))
 
 
 def f1_with_format(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs) -> dict:
     """MemSearcher's reward: 0 if the format is broken, 0.1 if valid but F1 is 0, otherwise the F1."""
     golds = gold_answers(ground_truth)
-    solution_str = _final_response(solution_str, extra_info)
-    format_ok = memsearcher_format_ok(solution_str) and not _penalised(extra_info)
-    answer = extract_boxed(solution_str) if format_ok else None
+    recorded = _recorded(extra_info)
+    if recorded is None:
+        text = _final_response(solution_str, extra_info)
+        recorded = extract_boxed(text), memsearcher_format_ok(text)
+    answer, format_ok = recorded
+    format_ok = format_ok and answer is not None and not _penalised(extra_info)
+    answer = answer if format_ok else None
     f1 = f1_score(answer, golds) if answer is not None else 0.0
     em = exact_match(answer, golds) if answer is not None else 0.0
     score = (f1 if f1 > 0 else FORMAT_ONLY_REWARD) if format_ok else 0.0
@@ -72,8 +99,8 @@ def f1_with_format(data_source: str, solution_str: str, ground_truth: Any, extra
 
 
 def exact_match_score(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs) -> dict:
-    """EM of the final answer (`<answer>` span, else `\\boxed{}`); 0 without an answer."""
-    answer = None if _penalised(extra_info) else extract_answer(_final_response(solution_str, extra_info))
+    """EM of the final answer (see `final_answer`); 0 without an answer."""
+    answer = final_answer(solution_str, extra_info)
     golds = gold_answers(ground_truth)
     em = exact_match(answer, golds) if answer is not None else 0.0
     f1 = f1_score(answer, golds) if answer is not None else 0.0
@@ -98,7 +125,7 @@ def multi_objective_em(
     A prediction with fewer parts than objectives scores 0 on the missing ones; extra parts are ignored.
     """
     objectives = _objective_golds(ground_truth)
-    answer = None if _penalised(extra_info) else extract_answer(_final_response(solution_str, extra_info))
+    answer = final_answer(solution_str, extra_info)
     parts = split_objectives(answer) if answer is not None else []
     hits = [exact_match(part, golds) for part, golds in zip(parts, objectives, strict=False)]
     total = float(sum(hits))

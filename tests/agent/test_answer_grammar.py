@@ -1,0 +1,44 @@
+"""One answer grammar: with the default tags, what a loop records for its final output (the answer and
+format verdict its parser gives, `turns.outputs`) is scored exactly as the rewards' fallback parser
+scores the same text without a record (plain completions). Renamed tags: see test_verl_reward_path."""
+
+from __future__ import annotations
+
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from verl_memagent.agent.parsing import Action, parse_tag_action, parse_tool_call_action
+from verl_memagent.reward.scores import exact_match_score, f1_with_format, multi_objective_em
+
+CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leer"}}</tool_call>'
+PIECES = [
+    "<think>", "</think>", "<think>the river</think>", "\\boxed{", "}", "\\boxed{Leda}", "\\boxed{Lower Saxony; Leda}",
+    "\\boxed{}", "\\boxed{Leer}", "<tool_call>", "</tool_call>", CALL, "<answer>", "</answer>", "<answer>Leda</answer>",
+    "<answer>Lower Saxony; Leda</answer>", "<answer> </answer>", "<search>Leer</search>", "<search>", "<IS>s</IS>",
+    "Leda", " ", "\n",
+]  # fmt: skip
+model_outputs = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=6)), max_size=8).map("".join)
+
+
+def _fields(text: str, action: Action) -> tuple[dict, dict]:
+    """(extra_info without a record, the same with the record `turns.outputs` writes) for a final output."""
+    finished = {"final_response": text, "finish_reason": "answer" if action.kind == "answer" else "max_turns"}
+    answer = action if action.kind == "answer" else None
+    recorded = {"final_answer": answer.answer if answer else None, "final_format_ok": bool(answer and answer.format_ok)}
+    return finished, {**finished, **recorded}
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=model_outputs)
+def test_memsearcher_record_scores_as_the_default_grammar_does(text):
+    plain, recorded = _fields(text, parse_tool_call_action(text, "wikipedia_search"))
+    assert f1_with_format("nq", "", ["Leda"], recorded) == f1_with_format("nq", "", ["Leda"], plain)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=model_outputs)
+def test_tag_agents_record_scores_as_the_default_grammar_does(text):
+    plain, recorded = _fields(text, parse_tag_action(text))
+    assert exact_match_score("nq", "", ["Leda"], recorded) == exact_match_score("nq", "", ["Leda"], plain)
+    golds = [["Lower Saxony"], ["Leda"]]
+    assert multi_objective_em("mo", "", golds, recorded) == multi_objective_em("mo", "", golds, plain)
