@@ -85,7 +85,7 @@ def main() -> None:
 
     layout_ms, _ = best_ms(lambda: TrajectoryLayout.from_keys(keys, is_padding), args.repeats)
     rows_ms, _ = best_ms(lambda: grpo_row_advantages(scores, layout), args.repeats)
-    options = dict(weight_trajectories=True, drop_zero_variance=True, turn_discount=0.9)
+    options = dict(weight_trajectories=True, turn_discount=0.9)
     options_ms, _ = best_ms(lambda: grpo_row_advantages(scores, layout, **options), args.repeats)
     dense_ms, ours = best_ms(lambda: multi_context_grpo(scores, mask, layout), args.repeats)
     copy_ms, _ = best_ms(lambda: mask.to(torch.float32), args.repeats)
