@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 import os
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -52,6 +53,17 @@ class RecordingActorGroup:
         self.mini_batch_sizes.append(batch.extra_info["mini_batch_size"])
         self.shared_sizes.append(self.shared_config.actor_rollout_ref.actor.ppo_mini_batch_size)
         return {"metrics": {"mfu": 0.0}}
+
+
+class RecordingCriticGroup:
+    """Stands in for the critic worker group: records the mini-batch size train_mini_batch is given."""
+
+    def __init__(self):
+        self.mini_batch_sizes: list[int] = []
+
+    def train_mini_batch(self, batch: KVBatchMeta):
+        self.mini_batch_sizes.append(batch.extra_info["mini_batch_size"])
+        return SimpleNamespace(get=lambda: {"metrics": {"mfu": 0.0}})
 
 
 def _batch(size: int) -> KVBatchMeta:
@@ -142,3 +154,7 @@ def test_critic_mini_batches_are_fixed_too():
     )
     # actor: 8 / 4 = 2 steps of lcm(n=2, dp=2) samples; critic: 8 / 2 = 4 steps of 2 samples
     assert trainer._get_required_batch_multiple(dp_size=2) == math.lcm(2 * 2, 4 * 2)
+    trainer.critic_wg = RecordingCriticGroup()
+    trainer._update_critic(_batch(24), metrics={})
+    assert trainer.critic_wg.mini_batch_sizes == [6]  # 4 steps
+    assert trainer.config.critic.ppo_mini_batch_size == 2
