@@ -41,6 +41,7 @@ def test_recipe_trains_two_steps(agent, estimator, recipe_cache, tmp_path):
     for step in steps:
         metrics = step["data"]
         assert metrics["actor/grad_norm"] > 0
+        assert metrics["multi_context/trajectories"] == 4  # our estimator ran in verl's advantage step: 2 x 2
         assert metrics["training/rollout_probs_diff_max"] < 1e-3
         if estimator == "multi_context_gae":
             assert metrics["critic/vf_loss"] > 0
