@@ -108,7 +108,12 @@ class ByValue:
         return isinstance(other, ByValue) and self._key == other._key
 
 
+_LEAF_TYPES = (str, int, float, bool, type(None))
+
+
 def _content_key(value: Any) -> tuple:
+    if isinstance(value, _LEAF_TYPES):
+        return (type(value).__name__, repr(value))
     if OmegaConf.is_config(value):
         value = OmegaConf.to_container(value, resolve=True)
     if isinstance(value, Mapping):
