@@ -1,10 +1,10 @@
 """A scripted policy behind verl's token-in/token-out `generate()`: replays given texts, one per call.
 
-It emits each text's tokens one at a time and stops where a server would (a stop string in the
-decoded output, an end-of-sequence id, or `max_tokens`), returning distinct per-token log-probs.
-Tests use it to pin exact multi-turn paths; the context-token benchmark uses it to replay
-trajectories of a chosen length. It records every call: prompt ids, sampling parameters, returned
-token ids and log-probs.
+Each text is tokenised once, at construction. A call returns its tokens up to where a server would
+stop: the first end-of-sequence id, `max_tokens`, or the first token after which the decoded output
+contains a stop string; per-token log-probs are distinct. Tests use it to pin exact multi-turn paths;
+the benchmarks use it to replay trajectories of a chosen length. It records every call: prompt ids,
+sampling parameters, returned token ids and log-probs.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ class ScriptedPolicy:
     def __init__(self, tokenizer, texts: list[str]):
         self.tokenizer = tokenizer
         self.texts = list(texts)
+        self.token_ids = [tokenizer.encode(text, add_special_tokens=False) for text in self.texts]
         self.calls: list[dict[str, Any]] = []
         self.eos_ids = {tokenizer.eos_token_id}
         self._emitted = 0
@@ -25,18 +26,11 @@ class ScriptedPolicy:
     async def generate(self, request_id: str, *, prompt_ids: list[int], sampling_params: dict[str, Any], **kwargs):
         if len(self.calls) >= len(self.texts):
             raise RuntimeError(f"the script has {len(self.texts)} texts but generate() was called once more")
-        text = self.texts[len(self.calls)]
+        index = len(self.calls)
         call = {"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)}
         self.calls.append(call)
-        stops = sampling_params.get("stop") or []
-        max_tokens = sampling_params.get("max_tokens", len(text) + 1)
-        token_ids: list[int] = []
-        for token_id in self.tokenizer.encode(text, add_special_tokens=False):
-            token_ids.append(token_id)
-            if token_id in self.eos_ids or len(token_ids) >= max_tokens:
-                break
-            if any(stop in self.tokenizer.decode(token_ids) for stop in stops):
-                break
+        max_tokens = sampling_params.get("max_tokens", len(self.texts[index]) + 1)
+        token_ids = self._emitted_ids(self.token_ids[index], sampling_params.get("stop") or [], max_tokens)
         log_probs = [-0.001 * (self._emitted + i + 1) for i in range(len(token_ids))]
         self._emitted += len(token_ids)
         call.update(token_ids=token_ids, log_probs=log_probs)
@@ -45,3 +39,29 @@ class ScriptedPolicy:
             log_probs=log_probs if sampling_params.get("logprobs") else None,
             stop_reason="completed",
         )
+
+    def _emitted_ids(self, ids: list[int], stops: list[str], max_tokens: int) -> list[int]:
+        """The tokens a server emits: through the first EOS id, at most `max_tokens` (at least one),
+        and no further than the shortest prefix whose decoding contains a stop string.
+
+        A stop string, once in the decoded output, stays in every longer output, so that prefix is
+        found by bisection: a few decodes per call instead of one per token.
+        """
+        end = min(len(ids), max(max_tokens, 1))
+        end = next((i + 1 for i, token_id in enumerate(ids[:end]) if token_id in self.eos_ids), end)
+        if not self._stopped(ids[:end], stops):
+            return list(ids[:end])
+        low, high = 1, end  # the first `high` tokens hold a stop string; no prefix shorter than `low` does
+        while low < high:
+            middle = (low + high) // 2
+            if self._stopped(ids[:middle], stops):
+                high = middle
+            else:
+                low = middle + 1
+        return list(ids[:low])
+
+    def _stopped(self, ids: list[int], stops: list[str]) -> bool:
+        if not stops or not ids:
+            return False
+        text = self.tokenizer.decode(ids)
+        return any(stop in text for stop in stops)

@@ -38,11 +38,17 @@ def _dataset_class(custom_path: str | None, custom_name: str | None) -> type:
 
 
 def agent_loop_entry(name: str, path: str | os.PathLike = AGENT_LOOPS_YAML) -> DictConfig:
-    """The entry `name` of an agent-loop YAML, as verl's worker reads it."""
-    for entry in OmegaConf.load(path):
-        if entry.name == name:
-            return entry
-    raise KeyError(f"agent loop {name!r} is not in {path}")
+    """The entry `name` of an agent-loop YAML, as verl's worker reads it (the file is read once, as there)."""
+    entries = _agent_loop_entries(str(path), os.stat(path).st_mtime_ns)
+    if name not in entries:
+        raise KeyError(f"agent loop {name!r} is not in {path}")
+    return entries[name]
+
+
+@cache
+def _agent_loop_entries(path: str, mtime_ns: int) -> dict[str, DictConfig]:
+    """The entries of an agent-loop YAML by name; read again only when the file changes."""
+    return {entry.name: entry for entry in OmegaConf.load(path)}
 
 
 def instantiate_agent_loop(
@@ -52,13 +58,16 @@ def instantiate_agent_loop(
     tokenizer,
     hf_model_type: str | None = None,
     path: str | os.PathLike = AGENT_LOOPS_YAML,
+    tools: list | None = None,
     **settings: Any,
 ):
-    """The agent loop `name` from `path`, with `settings` overriding the entry's, built like verl builds it."""
-    entry = OmegaConf.merge(agent_loop_entry(name, path), settings)
+    """The agent loop `name` from `path`, with `settings` overriding the entry's, built like verl builds it.
+
+    `tools` are verl tools built once per process, as the worker hands them to every loop.
+    """
     custom = trainer_config.data.get("custom_cls") or {}
     return hydra.utils.instantiate(
-        config=entry,
+        config=agent_loop_entry(name, path),
         trainer_config=DictConfigWrap(config=trainer_config),
         server_manager=server_manager,
         tokenizer=tokenizer,
@@ -66,5 +75,6 @@ def instantiate_agent_loop(
         hf_model_type=hf_model_type,
         dataset_cls=_dataset_class(custom.get("path"), custom.get("name")),
         data_config=DictConfigWrap(trainer_config.data),
-        tools=ToolListWrap([]),
+        tools=ToolListWrap(tools or []),
+        **settings,
     )

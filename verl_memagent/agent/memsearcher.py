@@ -43,7 +43,7 @@ class MemSearcherAgentLoop(SearchAgentLoop):
     async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
         tools = [search_tool_schema(self.settings.tool_name)]
         max_turns = self.settings.max_turns
-        memory = ""
+        memory, memory_tokens = "", 0
         for turn in range(max_turns):
             last_turn = turn == max_turns - 1
             user = self.prompts.render(
@@ -51,7 +51,7 @@ class MemSearcherAgentLoop(SearchAgentLoop):
             )
             messages = [{"role": "system", "content": self.prompts.render("system")}, {"role": "user", "content": user}]
             prompt_ids = await self.ct_build_initial_tokens(messages, tools=tools)
-            context = Context(prompt_ids=prompt_ids, memory_tokens=len(self.encode(memory)))
+            context = Context(prompt_ids=prompt_ids, memory_tokens=memory_tokens)
             trajectory.contexts.append(context)
 
             action_gen = await self.generate(context, sampling_params)
@@ -81,7 +81,7 @@ class MemSearcherAgentLoop(SearchAgentLoop):
             if new_memory is None:
                 return trajectory.finish("no_memory")
             overflow = not closed and memory_gen.finish == "length"
-            memory, _, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
+            memory, memory_tokens, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
             if (overflow or truncated) and self.settings.memory_overflow == "penalty":
                 return trajectory.finish("memory_overflow", penalised=True)
             context.memory_truncated = truncated

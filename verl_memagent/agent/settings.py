@@ -3,10 +3,14 @@
 Each key of an agent's entry in the agent-loop YAML (besides `name` and `_target_`) arrives as a
 keyword argument of the loop and lands here; an unknown key or a wrong type fails at once with the
 field's name. Prompts are Jinja2 templates; their defaults live in `prompts.yaml` next to this file.
+
+verl builds one loop per sample; `parsed_settings` validates the settings and compiles the prompts
+once per process for each distinct agent, tags and settings, and the loops share the result.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from functools import cache
 from pathlib import Path
@@ -85,6 +89,45 @@ def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str
     merged.tags = {**default_tags, **merged.tags}
     merged.prompts = {**default_prompts(agent), **merged.prompts}
     return merged
+
+
+class ByValue:
+    """A value as given (plain or OmegaConf), hashed and compared by content, so caches can key on it.
+
+    Leaves compare by type and repr: 1, 1.0 and True are different settings.
+    """
+
+    def __init__(self, value: Any):
+        self.value = value
+        self._key = _content_key(value)
+
+    def __hash__(self) -> int:
+        return hash(self._key)
+
+    def __eq__(self, other: object) -> bool:
+        return isinstance(other, ByValue) and self._key == other._key
+
+
+_LEAF_TYPES = (str, int, float, bool, type(None))
+
+
+def _content_key(value: Any) -> tuple:
+    if isinstance(value, _LEAF_TYPES):
+        return (type(value).__name__, repr(value))
+    if OmegaConf.is_config(value):
+        value = OmegaConf.to_container(value, resolve=True)
+    if isinstance(value, Mapping):
+        return ("dict", tuple(sorted((repr(k), _content_key(v)) for k, v in value.items())))
+    if isinstance(value, list | tuple):
+        return ("list", tuple(_content_key(v) for v in value))
+    return (type(value).__name__, repr(value))
+
+
+@cache
+def parsed_settings(agent: str, default_tags: ByValue, overrides: ByValue) -> tuple[AgentSettings, Prompts]:
+    """The validated settings and compiled prompts of `agent`, built once per process and shared read-only."""
+    settings = build_settings(agent, default_tags.value, overrides.value)
+    return settings, Prompts(settings)
 
 
 #: per-call template variables, with sample values for the check at construction

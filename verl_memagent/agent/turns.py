@@ -14,6 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
+from functools import cache
 from typing import Any, ClassVar
 
 import httpx
@@ -21,7 +22,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetr
 from verl.utils.tokenizer.chat_template import initialize_turn_separator
 
 from verl_memagent.agent.parsing import Action
-from verl_memagent.agent.settings import AgentSettings, Prompts, build_settings
+from verl_memagent.agent.settings import AgentSettings, ByValue, parsed_settings
 from verl_memagent.search import RetrieverClient, RetrieverError, format_documents
 
 logger = logging.getLogger(__name__)
@@ -50,6 +51,12 @@ def shared_retriever(settings: AgentSettings) -> RetrieverClient:
             token=settings.retriever_token,
         )
     return _CLIENTS[key]
+
+
+@cache
+def _shared_turn_close_ids(tokenizer, chat_template: ByValue, chat_template_kwargs: ByValue) -> tuple[int, ...]:
+    """`assistant_turn_close_ids` once per process for each tokenizer, chat template and template kwargs."""
+    return tuple(assistant_turn_close_ids(tokenizer, chat_template_kwargs.value))
 
 
 def assistant_turn_close_ids(tokenizer, chat_template_kwargs: dict | None = None) -> list[int]:
@@ -136,6 +143,8 @@ class SearchAgentLoop(AgentLoopBase):
     verl's AgentLoopWorker instantiates a loop per sample with hydra, passing its own arguments and
     every key of the agent's YAML entry: `name` (the registry name) and this agent's settings.
     `tools` (verl's tool list) is not used: these loops search through the retriever client.
+    What is the same for every sample (settings, compiled prompts, turn-closing tokens, retriever
+    client) is built once per process and shared; an instance only binds its sample's arguments.
     """
 
     agent: ClassVar[str]
@@ -161,16 +170,15 @@ class SearchAgentLoop(AgentLoopBase):
         super().__init__(
             trainer_config, server_manager, tokenizer, processor, dataset_cls, data_config, hf_model_type=hf_model_type
         )
-        self.settings = build_settings(self.agent, self.default_tags, settings)
+        self.settings, self.prompts = parsed_settings(self.agent, ByValue(self.default_tags), ByValue(settings))
         self.tags = self.settings.tags
-        self.prompts = Prompts(self.settings)
         rollout = self.rollout_config
         self.response_cap = int(rollout.response_length)
         self.context_cap = self.settings.context_max_tokens or int(rollout.prompt_length) + self.response_cap
         self.retriever = shared_retriever(self.settings)
-        self.eos_ids = {tokenizer.eos_token_id}
-        self.turn_close_ids = assistant_turn_close_ids(tokenizer, self.apply_chat_template_kwargs)
-        self.eos_ids.update(self.turn_close_ids[-1:])
+        template_kwargs = ByValue(self.apply_chat_template_kwargs)
+        self.turn_close_ids = list(_shared_turn_close_ids(tokenizer, ByValue(tokenizer.chat_template), template_kwargs))
+        self.eos_ids = {tokenizer.eos_token_id, *self.turn_close_ids[-1:]}
 
     # ---- verl entry point -------------------------------------------------------------------------
 

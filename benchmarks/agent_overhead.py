@@ -1,0 +1,298 @@
+"""Agent-loop CPU cost: what memsearcher, mem1 and react cost a verl agent-loop worker, next to verl's own loop.
+
+A training step runs thousands of trajectories through verl's agent-loop workers, which build one
+loop per sample and drive it while the GPUs generate. This measures that CPU: per-sample setup, per
+turn and per generate call. The policy costs nothing: each trajectory is played once with
+`ScriptedPolicy` to cut its responses where a server would, and the timed runs replay those token
+ids (no encoding or decoding by the policy). Searches go to the real retriever service (BM25 over
+the bundled corpus, a separate process whose CPU is not counted).
+
+The anchor, in the same run: verl 0.9.1's `ToolAgentLoop` driving the same conversation for each
+agent (the agent's first-turn messages, its queries as hermes tool calls, the same number of
+searches and the same documents, uncut) with a minimal search tool on the same retriever client,
+declared in a tool YAML (`multi_turn.tool_config_path`) and built once per process with verl's
+`load_all_tools`, as verl's AgentLoopWorker builds the tools and hands them to every loop. Every
+loop, ours and verl's, is built per sample from its agent-loop YAML entry with hydra, as the worker
+builds it.
+
+CPU is process CPU time (`time.process_time`: every thread of this process, so the thread pool that
+verl's chat-template helpers run in counts too), not wall time. Setup is the loop's constructor
+alone, bound to the arguments hydra passes (hydra's `_partial_`), at steady state; `build` adds
+hydra's own per-sample config copy and merge, which verl spends on any loop; the first constructor
+call in the process, which fills the per-process caches, is reported apart. A turn is one context of
+memsearcher or mem1 (an action, and after a search a memory rewrite for memsearcher), one generate
+call of react, one assistant turn of verl's loop. Targets: setup under 1 ms; per-turn CPU at most
+verl's on the same conversation.
+
+    python benchmarks/agent_overhead.py [--questions 16] [--turns 5] [--topk 3] [--repeats 3]
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import functools
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from verl.tools.base_tool import BaseTool  # noqa: E402
+from verl.tools.schemas import ToolResponse  # noqa: E402
+from verl.tools.tool_registry import load_all_tools  # noqa: E402
+from verl.workers.rollout.replica import TokenOutput  # noqa: E402
+
+from benchmarks.context_tokens import load_questions, script, start_retriever  # noqa: E402
+from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
+from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_trainer_config  # noqa: E402
+from verl_memagent.agent.memsearcher import search_tool_schema  # noqa: E402
+from verl_memagent.search import RetrieverClient, format_documents  # noqa: E402
+
+AGENTS = ("memsearcher", "mem1", "react")
+VERL_LOOP = "tool_agent"
+TOOL_NAME = "wikipedia_search"
+SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
+#: the papers' per-call and memory limits; observations long enough that topk documents are not cut
+SETTINGS = {"max_new_tokens": 512, "memory_max_tokens": 1024, "observation_max_tokens": 2048}
+CONTEXT_CAP = 32768
+
+
+class RetrieverSearchTool(BaseTool):
+    """The minimal verl search tool: one query to the retriever, the documents formatted as ours are."""
+
+    def __init__(self, config: dict, tool_schema):
+        super().__init__(config, tool_schema)
+        self.client = RetrieverClient(config["retriever_url"])
+        self.topk = int(config["topk"])
+
+    async def execute(self, instance_id: str, parameters: dict[str, Any], **kwargs):
+        documents = (await self.client.search([parameters["query"]], self.topk))[0]
+        return ToolResponse(text=format_documents(documents)), 0.0, {}
+
+
+class ReplayPolicy:
+    """A policy that costs nothing: returns recorded outputs in order (built before timing)."""
+
+    def __init__(self, outputs: list[TokenOutput]):
+        self.outputs = outputs
+        self.calls = 0
+
+    async def generate(self, request_id: str, **kwargs) -> TokenOutput:
+        self.calls += 1
+        return self.outputs[self.calls - 1]
+
+
+def verl_texts(queries: list[str], answer: str, eos: str) -> list[str]:
+    """verl's side of the conversation: the same queries as hermes tool calls, each turn ended by EOS."""
+    texts = []
+    for query in queries:
+        call = json.dumps({"name": TOOL_NAME, "arguments": {"query": query}})
+        texts.append(
+            f"<think>I still miss a fact about {query}; search it.</think>\n<tool_call>{call}</tool_call>{eos}"
+        )
+    texts.append(f"<think>The evidence answers the question.</think>\n\\boxed{{{answer}}}{eos}")
+    return texts
+
+
+def queries_of(question: dict, turns: int) -> list[str]:
+    """The queries of context_tokens.script: the supporting titles, then the question, cycled."""
+    pool = [*question["supporting_titles"], question["question"]]
+    return [pool[turn % len(pool)] for turn in range(turns - 1)]
+
+
+def first_messages(prompts, agent: str, question: str, max_turns: int) -> list[dict]:
+    """The agent's first-turn chat messages, rendered by its own prompts (verl's loop starts from them)."""
+    if agent == "memsearcher":
+        user = prompts.render("user", question=question, memory="", turns_left=max_turns, last_turn=False)
+        return [{"role": "system", "content": prompts.render("system")}, {"role": "user", "content": user}]
+    return [{"role": "user", "content": prompts.render("user", question=question)}]
+
+
+class Bench:
+    """One worker process's worth of loops: trainer config, agent-loop YAML (ours and verl's), tools."""
+
+    def __init__(self, tokenizer, url: str, topk: int, turns: int, workdir: Path):
+        self.tokenizer, self.turns = tokenizer, turns
+        tool_yaml = workdir / "search_tool.yaml"
+        tool = {
+            "class_name": f"{RetrieverSearchTool.__module__}.{RetrieverSearchTool.__qualname__}",
+            "config": {"type": "native", "retriever_url": url, "topk": topk},
+            "tool_schema": search_tool_schema(TOOL_NAME),
+        }
+        tool_yaml.write_text(yaml.safe_dump({"tools": [tool]}))
+        # the settings go into the entries, as in a run: the worker passes no per-sample overrides
+        settings = {"max_turns": turns, "retriever_urls": url, "topk": topk, **SETTINGS}
+        ours = [{**entry, **settings} for entry in yaml.safe_load(AGENT_LOOPS_YAML.read_text())]
+        verl_entry = {"name": VERL_LOOP, "_target_": "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop"}
+        self.loops_yaml = workdir / "agent_loops.yaml"
+        self.loops_yaml.write_text(yaml.safe_dump([*ours, verl_entry]))
+        self.config = verl_trainer_config(
+            prompt_length=CONTEXT_CAP,
+            response_length=CONTEXT_CAP,
+            **{
+                "multi_turn.enable": True,
+                "multi_turn.tool_config_path": str(tool_yaml),
+                "multi_turn.max_assistant_turns": turns,
+                "multi_turn.max_tool_response_length": 10**6,  # the same documents as ours, uncut
+                "multi_turn.format": "hermes",
+            },
+        )
+        # built once per process and handed to every loop, as verl's AgentLoopWorker does
+        multi_turn = self.config.actor_rollout_ref.rollout.multi_turn
+        self.tools = load_all_tools(tool_config_path=multi_turn.tool_config_path, function_tool_path=None)
+
+    def build(self, name: str, policy, **hydra_flags):
+        """One loop, built per sample the way verl's worker builds it (hydra, the registry entry, the tools)."""
+        return instantiate_agent_loop(
+            name, self.config, policy, self.tokenizer, "qwen2", path=self.loops_yaml, tools=self.tools, **hydra_flags
+        )
+
+    def constructor(self, name: str):
+        """The loop's constructor bound to exactly the arguments hydra passes it (hydra's `_partial_`)."""
+        bound = self.build(name, ReplayPolicy([]), _partial_=True)
+        return functools.partial(bound.func, *bound.args, **bound.keywords)
+
+
+def row_of(messages: list[dict], question: str) -> dict:
+    return {"raw_prompt": messages, "extra_info": {"question": question}}
+
+
+async def record(bench: Bench, name: str, texts: list[str], row: dict) -> list[TokenOutput]:
+    """Play `texts` once through the loop, cut where a server would cut them: the outputs to replay."""
+    policy = ScriptedPolicy(bench.tokenizer, texts)
+    await bench.build(name, policy).run(dict(SAMPLING), **row)
+    if len(policy.calls) != len(texts):
+        raise RuntimeError(f"{name}: the loop made {len(policy.calls)} generate calls for {len(texts)} texts")
+    return [
+        TokenOutput(token_ids=c["token_ids"], log_probs=c["log_probs"], stop_reason="completed") for c in policy.calls
+    ]
+
+
+def constructor_cpu(bench: Bench, name: str, count: int) -> float:
+    """Process CPU seconds of one constructor call, over `count` calls."""
+    construct = bench.constructor(name)
+    start = time.process_time()
+    for _ in range(count):
+        construct()
+    return (time.process_time() - start) / count
+
+
+async def run_cpu(bench: Bench, name: str, workload: list[tuple[list[TokenOutput], dict]]) -> dict:
+    """Process CPU seconds to build (hydra + constructor) and to run the trajectories, one after another."""
+    build = run = 0.0
+    for outputs, row in workload:
+        policy = ReplayPolicy(outputs)
+        start = time.process_time()
+        loop = bench.build(name, policy)
+        built = time.process_time()
+        await loop.run(dict(SAMPLING), **row)
+        build += built - start
+        run += time.process_time() - built
+        if policy.calls != len(outputs):
+            raise RuntimeError(f"{name}: the replay made {policy.calls} of {len(outputs)} generate calls")
+    return {"build": build, "run": run}
+
+
+async def workloads_of(bench: Bench, questions: list[dict], passages: dict) -> dict[str, list]:
+    """For each agent, its trajectories and verl's loop on the same conversations, recorded for replay."""
+    turns, eos = bench.turns, bench.tokenizer.eos_token
+    workloads: dict[str, list] = {}
+    for agent in AGENTS:
+        ours, anchor = [], []
+        prompts = bench.build(agent, ReplayPolicy([])).prompts
+        for question in questions:
+            row = row_of([{"role": "user", "content": question["question"]}], question["question"])
+            ours.append((await record(bench, agent, script(agent, question, passages, turns), row), row))
+            verl_row = row_of(first_messages(prompts, agent, question["question"], turns), question["question"])
+            texts = verl_texts(queries_of(question, turns), question["golden_answers"][0], eos)
+            anchor.append((await record(bench, VERL_LOOP, texts, verl_row), verl_row))
+        workloads[agent], workloads[f"{VERL_LOOP}@{agent}"] = ours, anchor
+    return workloads
+
+
+async def measure(bench: Bench, questions: list[dict], passages: dict, repeats: int) -> dict:
+    first = {name: constructor_cpu(bench, name, 1) for name in [*AGENTS, VERL_LOOP]}  # fills the process caches
+    workloads = await workloads_of(bench, questions, passages)
+    samples: dict[str, list] = {name: [] for name in workloads}
+    constructors: dict[str, list] = {name: [] for name in [*AGENTS, VERL_LOOP]}
+    for _ in range(repeats):
+        for name in constructors:
+            constructors[name].append(constructor_cpu(bench, name, 200))
+        for name, workload in workloads.items():
+            samples[name].append(await run_cpu(bench, name.split("@")[0], workload))
+    results = {}
+    for name, workload in workloads.items():
+        loop = name.split("@")[0]
+        trajectories = len(workload)
+        calls = sum(len(outputs) for outputs, _ in workload)
+        run = statistics.median(s["run"] for s in samples[name])
+        results[name] = {
+            "setup_ms": 1000 * statistics.median(constructors[loop]),
+            "first_setup_ms": 1000 * first[loop],
+            "build_ms": 1000 * statistics.median(s["build"] for s in samples[name]) / trajectories,
+            "turn_ms": 1000 * run / (trajectories * bench.turns),
+            "generate_call_ms": 1000 * run / calls,
+            "calls_per_trajectory": calls / trajectories,
+        }
+    return results
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=16, help="multi-hop questions, one trajectory each")
+    parser.add_argument("--turns", type=int, default=5, help="turns per trajectory: turns-1 searches, then the answer")
+    parser.add_argument("--topk", type=int, default=3, help="documents per search")
+    parser.add_argument("--repeats", type=int, default=3, help="passes over all trajectories; the median counts")
+    args = parser.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from verl_memagent.tiny_model import build_tokenizer
+
+    with tempfile.TemporaryDirectory() as tmp:
+        workdir = Path(tmp)
+        build_tokenizer().save_pretrained(workdir / "tokenizer")
+        tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")
+        questions, passages = load_questions(REPO / "data", args.questions)
+        process, url = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
+        try:
+            bench = Bench(tokenizer, url, args.topk, args.turns, workdir)
+            results = asyncio.run(measure(bench, questions, passages, args.repeats))
+        finally:
+            process.terminate()
+            process.wait()
+
+    print(
+        f"process CPU ms; {args.questions} trajectories x {args.turns} turns ({args.turns - 1} searches); "
+        f"median of {args.repeats} passes; setup = constructor, build = hydra + constructor"
+    )
+    print(f"{'loop':<24} {'setup':>7} {'1st':>7} {'build':>7} {'per turn':>9} {'per call':>9} {'calls/traj':>10}")
+    for name, r in results.items():
+        print(
+            f"{name:<24} {r['setup_ms']:>7.3f} {r['first_setup_ms']:>7.1f} {r['build_ms']:>7.3f}"
+            f" {r['turn_ms']:>9.3f} {r['generate_call_ms']:>9.3f} {r['calls_per_trajectory']:>10.1f}"
+        )
+    headline: dict[str, Any] = {"cpu_time": "process", "questions": args.questions, "turns": args.turns}
+    for agent in AGENTS:
+        ours, verl = results[agent], results[f"{VERL_LOOP}@{agent}"]
+        for key in ("setup_ms", "build_ms", "turn_ms", "generate_call_ms"):
+            headline[f"{agent}_{key}"] = round(ours[key], 3)
+            headline[f"verl_{key}@{agent}"] = round(verl[key], 3)
+        for key in ("setup", "turn", "generate_call"):
+            headline[f"{agent}_{key}_ratio"] = round(ours[f"{key}_ms"] / verl[f"{key}_ms"], 2)
+    headline["setup_under_1ms"] = all(results[a]["setup_ms"] < 1.0 for a in AGENTS)
+    headline["turn_ratio_at_most_1"] = all(headline[f"{a}_turn_ratio"] <= 1.0 for a in AGENTS)
+    print(json.dumps(headline))
+    return headline
+
+
+if __name__ == "__main__":
+    main()
