@@ -14,11 +14,14 @@ from __future__ import annotations
 
 import importlib
 from dataclasses import dataclass, fields
+from typing import TYPE_CHECKING
 
 import torch
 
-from verl_memagent.algo.estimators import Advantages, TrajectoryLayout, multi_context_gae, multi_context_grpo
 from verl_memagent.import_hooks import when_imported
+
+if TYPE_CHECKING:  # the estimators (pandas, pyarrow) load when verl first calls one, not on `import verl`
+    from verl_memagent.algo.estimators import Advantages, TrajectoryLayout
 
 GRPO, GAE = "multi_context_grpo", "multi_context_gae"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
@@ -68,6 +71,8 @@ def grpo_estimator(
     **_: object,
 ) -> Advantages:
     """verl-registered `multi_context_grpo`; options from `algorithm` (norm_adv_by_std_in_grpo, multi_context)."""
+    from verl_memagent.algo.estimators import multi_context_grpo
+
     options = MultiContextConfig.from_algorithm(config)
     return multi_context_grpo(
         token_level_rewards,
@@ -90,6 +95,8 @@ def gae_estimator(
     **_: object,
 ) -> Advantages:
     """verl-registered `multi_context_gae`; gamma and lam from `algorithm`, values from the critic."""
+    from verl_memagent.algo.estimators import multi_context_gae
+
     layout = _require_layout(GAE, layout)
     if values is None:
         raise ValueError(f"algorithm.adv_estimator={GAE} needs critic values: set critic.enable=true")

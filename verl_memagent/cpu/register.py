@@ -1,9 +1,10 @@
 """Registrations verl's plugin loader runs in every process: the `cpu` platform and the `hf` rollout.
 
 Registering changes nothing by itself: verl uses the platform only under `VERL_PLATFORM=cpu` and the
-backend only under `actor_rollout_ref.rollout.name=hf`. The rollout modules are heavy, so the `hf`
-entries are added when verl imports its registries, not before. verl's workarounds (`patches`) are
-installed only when the `cpu` platform is selected.
+backend only under `actor_rollout_ref.rollout.name=hf`. The platform registers at once: `import verl`
+has already loaded the platform registry, torch and psutil that `platform` needs. The rollout
+modules are heavy, so the `hf` entries are added when verl imports its registries, not before.
+verl's workarounds (`patches`) are installed only when the `cpu` platform is selected.
 """
 
 from __future__ import annotations
