@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -32,6 +33,31 @@ def _probe(code: str, **env: str) -> dict:
 def test_every_patch_still_matches_the_verl_source_it_works_around():
     assert patches.check_targets() == []
     assert cpu_path_problems() == []
+
+
+STALE_PROBE = """
+import dataclasses, json
+from verl_memagent.cpu import patches
+# the first patch now expects text verl does not have, as after a verl upgrade that changed that line
+patches.PATCHES = (dataclasses.replace(patches.PATCHES[0], expects="text verl does not contain"), *patches.PATCHES[1:])
+import verl  # loads the plugin, which installs the patches under VERL_PLATFORM=cpu
+try:
+    import verl.utils.distributed
+    error = None
+except patches.StalePatchError as e:
+    error = str(e)
+print(json.dumps({"error": error, "others_fit": patches.check_targets()[1:] == []}))
+"""
+
+
+def test_a_stale_patch_stops_the_import_of_its_module_naming_both_verl_versions():
+    result = _probe(STALE_PROBE, VERL_PLATFORM="cpu")
+    error = result["error"]
+    assert error is not None, "the patch was applied to verl source it did not expect"
+    assert f"verl {importlib.metadata.version('verl')} is installed" in error
+    assert f"written for verl {patches.VERL_VERSION}" in error and f"verl=={patches.VERL_VERSION}" in error
+    assert "verl/utils/distributed.py:89: expected 'text verl does not contain'" in error
+    assert result["others_fit"]
 
 
 DEFAULT_PROBE = """
