@@ -1,14 +1,14 @@
 """What the plugin adds to a plain `import verl`: time, modules, and which heavy modules it loads.
 
 Every verl process of a run (driver, trainer workers, rollout servers, agent-loop and reward
-workers) pays it. Each measurement is a fresh interpreter running `import verl` under
-`python -X importtime`, with verl's plugin discovery off (`VERL_USE_EXTERNAL_PLUGINS=none`, the
-baseline) or on (`auto`, which loads `verl_memagent.plugin`); the two alternate round by round so
-that a change in machine load hits both. Reported per setting: the median time of `import verl`
-and the module count; the ratio auto/none (target at most 1.10); the plugin's own cumulative import
-time as `-X importtime` reports it; the modules the plugin adds beyond its own; and which heavy
-modules (pandas, datasets, sklearn, fastapi, uvicorn, our agent loops) are loaded. Last line: one
-JSON object.
+workers) pays it. Each measurement is a fresh interpreter running `import verl` with verl's plugin
+discovery off (`VERL_USE_EXTERNAL_PLUGINS=none`, the baseline) or on (`auto`, which loads
+`verl_memagent.plugin`); the two alternate round by round so that a change in machine load hits
+both. Reported per setting: the median time of `import verl` and the module count; the ratio
+auto/none (target at most 1.10); the plugin's own import time, timed in the baseline interpreters
+right after `import verl` as verl's loader would import it; the modules the plugin adds beyond its
+own; and which heavy modules (pandas, datasets, sklearn, fastapi, uvicorn, our agent loops) are
+loaded. Last line: one JSON object.
 
     python benchmarks/plugin_import.py [--rounds 7]
 """
@@ -26,31 +26,24 @@ TARGET_RATIO = 1.10
 HEAVY = ("pandas", "datasets", "sklearn", "fastapi", "uvicorn")
 #: modules of the agent package that `import verl` may load: the package and its registration
 AGENT_REGISTRATION = ("verl_memagent.agent", "verl_memagent.agent.register")
-PLUGIN = "verl_memagent.plugin"
 
 PROBE = """
-import json, sys, time
+import importlib, json, sys, time
 start = time.perf_counter()
 import verl
 seconds = time.perf_counter() - start
-print(json.dumps({"seconds": seconds, "modules": sorted(sys.modules)}))
+modules = sorted(sys.modules)
+start = time.perf_counter()
+importlib.import_module("verl_memagent.plugin")  # a no-op where verl has loaded it already
+print(json.dumps({"seconds": seconds, "modules": modules, "plugin_seconds": time.perf_counter() - start}))
 """
 
 
 def measure(policy: str) -> dict:
     """One fresh `import verl` under VERL_USE_EXTERNAL_PLUGINS=policy."""
     env = {**os.environ, "VERL_USE_EXTERNAL_PLUGINS": policy}
-    done = subprocess.run(
-        [sys.executable, "-X", "importtime", "-c", PROBE], capture_output=True, text=True, env=env, check=True
-    )
-    result = json.loads(done.stdout.strip().splitlines()[-1])
-    # -X importtime lines: "import time: self [us] | cumulative | imported package"
-    cumulative = [line.split("|") for line in done.stderr.splitlines() if line.startswith("import time:")]
-    result["plugin_seconds"] = next(
-        (int(fields[1]) / 1e6 for fields in cumulative if fields[2].strip() == PLUGIN and fields[1].strip().isdigit()),
-        0.0,
-    )
-    return result
+    done = subprocess.run([sys.executable, "-c", PROBE], capture_output=True, text=True, env=env, check=True)
+    return json.loads(done.stdout.strip().splitlines()[-1])
 
 
 def heavy_modules(modules: set[str]) -> list[str]:
@@ -78,7 +71,7 @@ def main() -> None:
 
     none_s = statistics.median(run["seconds"] for run in runs["none"])
     auto_s = statistics.median(run["seconds"] for run in runs["auto"])
-    plugin_s = statistics.median(run["plugin_seconds"] for run in runs["auto"])
+    plugin_s = statistics.median(run["plugin_seconds"] for run in runs["none"])
     without, with_plugin = set(runs["none"][-1]["modules"]), set(runs["auto"][-1]["modules"])
     added = with_plugin - without
     ours = sorted(name for name in added if name.split(".")[0] == "verl_memagent")
