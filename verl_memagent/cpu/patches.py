@@ -2,10 +2,10 @@
 
 Installed only when the `cpu` platform is selected (`VERL_PLATFORM=cpu`), in each process, and each
 applied when verl imports the module it concerns. Each patch names the verl line it works around and
-the source text it expects there. That text is checked right before the patch is applied: when a
-verl upgrade moved or changed it, the import fails with `StalePatchError`, naming the installed and
-the expected verl version, instead of patching blindly. `check_targets()` runs every check at once
-(`doctor`, tests).
+the source text it expects there. `install()` checks every expected text first (reading verl's
+files, importing nothing): when a verl upgrade moved or changed one, it patches nothing and raises
+`StalePatchError`, naming the installed and the expected verl version. `check_targets()` is the same
+check as a list (`doctor`, tests).
 """
 
 from __future__ import annotations
@@ -13,15 +13,18 @@ from __future__ import annotations
 import functools
 import importlib.metadata
 import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from verl_memagent.import_hooks import Hook, when_imported
+from verl_memagent.import_hooks import when_imported
 
 #: the verl release every patch below was written against: its `expects` texts are from that source
 VERL_VERSION = "0.9.1"
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -203,32 +206,26 @@ def stale_reason(patch: Patch) -> str | None:
     return f"{patch.where}: expected {patch.expects!r}"
 
 
-def _check_then_apply(patch: Patch) -> Hook:
-    def check_then_apply(module: ModuleType) -> None:
-        reason = stale_reason(patch)
-        if reason is not None:
-            raise StalePatchError(
-                f"VERL_PLATFORM=cpu: verl {importlib.metadata.version('verl')} is installed, but the CPU "
-                f"patches were written for verl {VERL_VERSION} and the source one of them works around has "
-                f"changed ({reason}). Install verl=={VERL_VERSION}, or unset VERL_PLATFORM to run without "
-                "the CPU path."
-            )
-        patch.apply(module)
-
-    return check_then_apply
-
-
 _installed = False
 
 
 def install() -> None:
-    """Check and apply every patch in this process, each when (or if already) its verl module is imported."""
+    """Check every patch's target, then apply each when (or if already) its verl module is imported."""
     global _installed
     if _installed:
         return
+    stale = check_targets()
+    if stale:
+        error = StalePatchError(
+            f"VERL_PLATFORM=cpu: verl {importlib.metadata.version('verl')} is installed, but the CPU patches "
+            f"were written for verl {VERL_VERSION} and verl changed where they apply: {'; '.join(stale)}. "
+            f"Install verl=={VERL_VERSION}, or unset VERL_PLATFORM to run without the CPU path."
+        )
+        _log.error("%s", error)  # verl logs a plugin's import error at DEBUG level only
+        raise error
     _installed = True
     for patch in PATCHES:
-        when_imported(patch.module, _check_then_apply(patch))
+        when_imported(patch.module, patch.apply)
 
 
 def installed() -> bool:
