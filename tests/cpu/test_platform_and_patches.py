@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import json
 import os
 import subprocess
@@ -32,6 +33,44 @@ def _probe(code: str, **env: str) -> dict:
 def test_every_patch_still_matches_the_verl_source_it_works_around():
     assert patches.check_targets() == []
     assert cpu_path_problems() == []
+
+
+STALE_PROBE = """
+import dataclasses, json
+from verl_memagent.cpu import patches
+# the first patch now expects text verl does not have, as after a verl upgrade that changed that line
+patches.PATCHES = (dataclasses.replace(patches.PATCHES[0], expects="text verl does not contain"), *patches.PATCHES[1:])
+import verl  # loads the plugin, which installs the patches under VERL_PLATFORM=cpu
+import verl.utils.distributed as distributed
+from verl.plugin.platform import get_platform
+try:
+    get_platform()
+    platform_error = None
+except ValueError as e:
+    platform_error = str(e)
+print(json.dumps({"installed": patches.installed(), "platform_error": platform_error,
+                  "dist_wrapped": hasattr(distributed.initialize_global_process_group_ray, "__wrapped__")}))
+"""
+
+
+def test_a_stale_patch_stops_the_cpu_path_naming_both_verl_versions_and_patches_nothing():
+    base = {k: v for k, v in os.environ.items() if k != "VERL_PLATFORM"}
+    done = subprocess.run(
+        [sys.executable, "-c", STALE_PROBE],
+        capture_output=True,
+        text=True,
+        env={**base, "VERL_PLATFORM": "cpu"},
+        timeout=300,
+    )
+    assert done.returncode == 0, done.stderr[-4000:]
+    result = json.loads(done.stdout.strip().splitlines()[-1])
+    assert result == {**result, "installed": False, "dist_wrapped": False}  # not one patch applied
+    assert "Unknown platform 'cpu'" in result["platform_error"]  # verl stops at once instead of running
+    # the reason, logged in every process although verl hides a plugin's import error
+    logged = next(line for line in done.stderr.splitlines() if "CPU patches" in line)
+    assert f"verl {importlib.metadata.version('verl')} is installed" in logged
+    assert f"written for verl {patches.VERL_VERSION}" in logged and f"verl=={patches.VERL_VERSION}" in logged
+    assert "verl/utils/distributed.py:89: expected 'text verl does not contain'" in logged
 
 
 DEFAULT_PROBE = """

@@ -13,8 +13,8 @@ import pytest
 
 from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent import verl_trainer_config
-from verl_memagent.data.compose import compose_multi_objective
-from verl_memagent.data.prepare import QARecord, to_verl_rows
+from verl_memagent.data.compose import compose_multi_objective, to_verl_rows
+from verl_memagent.data.flashrag import QARecord
 from verl_memagent.eval.cli import agent_settings
 from verl_memagent.eval.records import contains_answer, score
 from verl_memagent.eval.runner import evaluate

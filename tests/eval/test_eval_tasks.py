@@ -7,7 +7,8 @@ import json
 import pytest
 
 from verl_memagent.data.compose import TASK_PREFIX
-from verl_memagent.data.prepare import prepare, read_flashrag, write_parquet
+from verl_memagent.data.flashrag import read_flashrag
+from verl_memagent.data.prepare import prepare, write_parquet
 from verl_memagent.eval.tasks import load_datasets, worker_kwargs
 
 

@@ -1,7 +1,7 @@
 """Build an agent loop outside a verl worker exactly as verl's AgentLoopWorker does (eval, tests, benchmarks).
 
 verl instantiates a loop per sample with `hydra.utils.instantiate(entry, trainer_config=..., ...)`,
-where `entry` is the agent's registry entry (from `register()` or the agent-loop YAML). This does the
+where `entry` is the agent's registry entry (from `agent.register` or the agent-loop YAML). This does the
 same with the same arguments, so what runs here is what runs in training.
 """
 
@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 from verl.utils.dataset.rl_dataset import get_dataset_class
 
-AGENT_LOOPS_YAML = Path(__file__).with_name("agent_loops.yaml")
+from verl_memagent.agent import AGENT_LOOPS_YAML
 
 _VERL_PPO_CONFIG = Path(verl.__file__).parent / "trainer" / "config" / "_generated_ppo_trainer.yaml"
 

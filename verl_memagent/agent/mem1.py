@@ -12,14 +12,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import register
-
 from verl_memagent.agent.parsing import parse_tag_action
 from verl_memagent.agent.turns import Context, SearchAgentLoop, Trajectory
 from verl_memagent.reward.answers import extract_tag
 
 
-@register("mem1")
 class Mem1AgentLoop(SearchAgentLoop):
     agent = "mem1"
     stop_tags = ("search", "answer")

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import register
-
 from verl_memagent.agent.parsing import parse_memory, parse_tool_call_action
 from verl_memagent.agent.turns import Context, SearchAgentLoop, Trajectory
 
@@ -34,7 +32,6 @@ def search_tool_schema(name: str) -> dict[str, Any]:
     }
 
 
-@register("memsearcher")
 class MemSearcherAgentLoop(SearchAgentLoop):
     agent = "memsearcher"
     stop_tags = ("tool_call", "memory")

@@ -10,13 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import register
-
 from verl_memagent.agent.parsing import parse_tag_action
 from verl_memagent.agent.turns import Context, SearchAgentLoop, Trajectory
 
 
-@register("react")
 class ReactAgentLoop(SearchAgentLoop):
     agent = "react"
     stop_tags = ("search", "answer")

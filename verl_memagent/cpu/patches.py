@@ -1,21 +1,30 @@
 """Every change to verl's behaviour that running its trainer on CPU needs, in one place.
 
 Installed only when the `cpu` platform is selected (`VERL_PLATFORM=cpu`), in each process, and each
-applied when verl imports the module it concerns. Each patch names the verl 0.9.1 line it works
-around and the source text it expects there; `check_targets()` (run by the tests and `doctor`) fails
-loudly when a verl upgrade moves or changes that text, so a stale patch is never applied blindly.
+applied when verl imports the module it concerns. Each patch names the verl line it works around and
+the source text it expects there. `install()` checks every expected text first (reading verl's
+files, importing nothing): when a verl upgrade moved or changed one, it patches nothing and raises
+`StalePatchError`, naming the installed and the expected verl version. `check_targets()` is the same
+check as a list (`doctor`, tests).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib
-import inspect
+import importlib.metadata
+import importlib.util
+import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 from types import ModuleType
 
 from verl_memagent.import_hooks import when_imported
+
+#: the verl release every patch below was written against: its `expects` texts are from that source
+VERL_VERSION = "0.9.1"
+
+_log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -175,14 +184,45 @@ PATCHES: tuple[Patch, ...] = (
     ),
 )
 
+
+class StalePatchError(RuntimeError):
+    """The verl source a CPU patch works around is not there: the installed verl is not the expected one."""
+
+
+def _source(module: str) -> str:
+    """The source text of `module`, read from its file without importing it (nor its parent packages)."""
+    top, *rest = module.split(".")
+    path = Path(importlib.util.find_spec(top).origin)
+    if rest:
+        stem = path.parent.joinpath(*rest)
+        path = stem.with_suffix(".py") if stem.with_suffix(".py").is_file() else stem / "__init__.py"
+    return path.read_text(encoding="utf-8")
+
+
+def stale_reason(patch: Patch) -> str | None:
+    """Why `patch` does not fit the installed verl (None when the source text it expects is there)."""
+    if patch.expects in _source(patch.expects_in or patch.module):
+        return None
+    return f"{patch.where}: expected {patch.expects!r}"
+
+
 _installed = False
 
 
 def install() -> None:
-    """Apply every patch in this process, each when (or if already) its verl module is imported."""
+    """Check every patch's target, then apply each when (or if already) its verl module is imported."""
     global _installed
     if _installed:
         return
+    stale = check_targets()
+    if stale:
+        error = StalePatchError(
+            f"VERL_PLATFORM=cpu: verl {importlib.metadata.version('verl')} is installed, but the CPU patches "
+            f"were written for verl {VERL_VERSION} and verl changed where they apply: {'; '.join(stale)}. "
+            f"Install verl=={VERL_VERSION}, or unset VERL_PLATFORM to run without the CPU path."
+        )
+        _log.error("%s", error)  # verl logs a plugin's import error at DEBUG level only
+        raise error
     _installed = True
     for patch in PATCHES:
         when_imported(patch.module, patch.apply)
@@ -194,9 +234,4 @@ def installed() -> bool:
 
 def check_targets() -> list[str]:
     """The patches whose expected verl source is missing (verl changed): empty when all still fit."""
-    stale = []
-    for patch in PATCHES:
-        source = inspect.getsource(importlib.import_module(patch.expects_in or patch.module))
-        if patch.expects not in source:
-            stale.append(f"{patch.where}: expected {patch.expects!r}")
-    return stale
+    return [reason for patch in PATCHES if (reason := stale_reason(patch)) is not None]

@@ -17,7 +17,6 @@ from typing import Any
 import psutil
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
-from verl.plugin.platform.platform_manager import PlatformRegistry
 
 NAME = "cpu"
 
@@ -101,7 +100,6 @@ class CPUDeviceModule(ModuleType):
         return _host.processor() or _host.machine()
 
 
-@PlatformRegistry.register(platform=NAME)
 class PlatformCPU(PlatformBase):
     """CPU cores as verl's device: torch device "cpu", gloo collectives, Ray's logical "GPU" resource.
 

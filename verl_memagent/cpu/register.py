@@ -1,14 +1,19 @@
 """Registrations verl's plugin loader runs in every process: the `cpu` platform and the `hf` rollout.
 
 Registering changes nothing by itself: verl uses the platform only under `VERL_PLATFORM=cpu` and the
-backend only under `actor_rollout_ref.rollout.name=hf`. The rollout modules are heavy, so the `hf`
-entries are added when verl imports its registries, not before. verl's workarounds (`patches`) are
-installed only when the `cpu` platform is selected.
+backend only under `actor_rollout_ref.rollout.name=hf`. The platform registers at once: `import verl`
+has already loaded the platform registry, torch and psutil that `platform` needs. The rollout
+modules are heavy, so the `hf` entries are added when verl imports its registries, not before.
+verl's workarounds (`patches`) are installed only when the `cpu` platform is selected, and first:
+when verl changed under one of them, `install` raises and the platform is not registered, so verl
+stops at once (unknown platform) after the logged reason, instead of running half patched.
 """
 
 from __future__ import annotations
 
 import os
+
+from verl.plugin.platform.platform_manager import PlatformRegistry
 
 from verl_memagent.cpu import patches, platform
 from verl_memagent.import_hooks import when_imported
@@ -36,10 +41,11 @@ def cpu_platform_requested() -> bool:
     return os.environ.get("VERL_PLATFORM", "").strip().lower() == platform.NAME
 
 
-when_imported("verl.workers.rollout.replica", _register_replica)
-when_imported("verl.workers.rollout.base", _register_server_adapter)
 if cpu_platform_requested():
     patches.install()
+PlatformRegistry.register(platform=platform.NAME)(platform.PlatformCPU)
+when_imported("verl.workers.rollout.replica", _register_replica)
+when_imported("verl.workers.rollout.base", _register_server_adapter)
 
 
 def cpu_path_problems() -> list[str]:

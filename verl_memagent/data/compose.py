@@ -1,8 +1,13 @@
-"""MEM1's multi-objective tasks: N single questions joined into one task whose answer lists N answers.
+"""verl rows of the agents' tasks: one question per row, or MEM1's multi-objective tasks.
 
-Questions are drawn without repetition inside a task from seeded shuffles of the pool (each pass
-over the pool uses every question once), so the same seed gives the same tasks. Ground truth is the
-list of the N gold-answer lists, which `reward.scores.multi_objective_em` sums EM over.
+Each row: `prompt` (one user message, the question; the agent renders its own context from
+`extra_info.question`), `data_source`, `ability`, `reward_model = {style: rule, ground_truth}`,
+`extra_info = {index, id, question, split}` and `agent_name`, which picks the agent loop per row.
+
+A multi-objective task joins N single questions into one whose answer lists N answers. Questions
+are drawn without repetition inside a task from seeded shuffles of the pool (each pass over the
+pool uses every question once), so the same seed gives the same tasks. Ground truth is the list of
+the N gold-answer lists, which `reward.scores.multi_objective_em` sums EM over.
 """
 
 from __future__ import annotations
@@ -11,9 +16,28 @@ import random
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from verl_memagent.data.prepare import AGENTS, QARecord, to_verl_rows
+from verl_memagent.data.flashrag import QARecord
+
+AGENTS = ("memsearcher", "mem1", "react")
 
 TASK_PREFIX = "Answer the following questions: "
+
+
+def to_verl_rows(records: Sequence[QARecord], agent: str, split: str) -> list[dict[str, Any]]:
+    """verl rows for single-question tasks (ground truth: the list of gold answers)."""
+    if agent not in AGENTS:
+        raise ValueError(f"agent: expected one of {AGENTS}, got {agent!r}")
+    return [
+        {
+            "data_source": record.source,
+            "prompt": [{"role": "user", "content": record.question}],
+            "ability": "fact-reasoning",
+            "reward_model": {"style": "rule", "ground_truth": list(record.golden_answers)},
+            "extra_info": {"index": index, "id": record.id, "question": record.question, "split": split},
+            "agent_name": agent,
+        }
+        for index, record in enumerate(records)
+    ]
 
 
 def _draws(size: int, rng: random.Random) -> Iterator[int]:

@@ -1,80 +1,14 @@
-"""FlashRAG-format JSON lines (`id, question, golden_answers`) to the parquet verl's RLHFDataset reads.
-
-Each output row: `prompt` (one user message, the question; the agent renders its own context from
-`extra_info.question`), `data_source`, `ability`, `reward_model = {style: rule, ground_truth}`,
-`extra_info = {index, id, question, split}` and `agent_name`, which picks the agent loop per row.
-Users bring the FlashRAG files (NQ + HotpotQA train for the training mix, the seven evaluation sets);
-the bundled `data/qa_*.jsonl` files have the same format.
-"""
+"""`verl-memagent prepare`: FlashRAG JSON lines to the parquet verl's RLHFDataset reads (rows: `compose`)."""
 
 from __future__ import annotations
 
-import json
 import random
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-#: Search-R1 / MemSearcher training mix and evaluation sets (FlashRAG names)
-TRAIN_MIX = ("nq", "hotpotqa")
-EVAL_SETS = ("nq", "triviaqa", "popqa", "hotpotqa", "2wikimultihopqa", "musique", "bamboogle")
-
-AGENTS = ("memsearcher", "mem1", "react")
-
-
-@dataclass(frozen=True)
-class QARecord:
-    """One question of a FlashRAG file."""
-
-    id: str
-    question: str
-    golden_answers: tuple[str, ...]
-    source: str
-
-
-def read_flashrag(path: str | Path, source: str | None = None) -> list[QARecord]:
-    """Read and validate a FlashRAG JSON-lines file; `source` defaults to each row's `source`, else the file stem."""
-    path = Path(path)
-    records = []
-    with path.open(encoding="utf-8") as f:
-        for line_no, line in enumerate(f, start=1):
-            if not line.strip():
-                continue
-            where = f"{path}:{line_no}"
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as exc:
-                raise ValueError(f"{where}: not a JSON object ({exc.msg}); expected one JSON object per line") from exc
-            question, answers = row.get("question"), row.get("golden_answers")
-            if not isinstance(question, str) or not question.strip():
-                raise ValueError(f"{where}: field 'question' must be a non-empty string")
-            if isinstance(answers, str):
-                answers = [answers]
-            if not isinstance(answers, list) or not answers or not all(isinstance(a, str) for a in answers):
-                raise ValueError(f"{where}: field 'golden_answers' must be a non-empty list of strings")
-            row_id = str(row.get("id", f"{path.stem}_{line_no}"))
-            records.append(QARecord(row_id, question.strip(), tuple(answers), source or row.get("source") or path.stem))
-    if not records:
-        raise ValueError(f"{path}: no questions found")
-    return records
-
-
-def to_verl_rows(records: Sequence[QARecord], agent: str, split: str) -> list[dict[str, Any]]:
-    """verl rows for single-question tasks (ground truth: the list of gold answers)."""
-    if agent not in AGENTS:
-        raise ValueError(f"agent: expected one of {AGENTS}, got {agent!r}")
-    return [
-        {
-            "data_source": record.source,
-            "prompt": [{"role": "user", "content": record.question}],
-            "ability": "fact-reasoning",
-            "reward_model": {"style": "rule", "ground_truth": list(record.golden_answers)},
-            "extra_info": {"index": index, "id": record.id, "question": record.question, "split": split},
-            "agent_name": agent,
-        }
-        for index, record in enumerate(records)
-    ]
+from verl_memagent.data.compose import AGENTS, task_rows
+from verl_memagent.data.flashrag import EVAL_SETS, TRAIN_MIX, parse_input, read_flashrag
 
 
 def write_parquet(rows: Iterable[dict[str, Any]], out: str | Path) -> Path:
@@ -85,12 +19,6 @@ def write_parquet(rows: Iterable[dict[str, Any]], out: str | Path) -> Path:
     out.parent.mkdir(parents=True, exist_ok=True)
     pq.write_table(pa.Table.from_pylist(list(rows)), out)
     return out
-
-
-def parse_input(spec: str) -> tuple[str | None, Path]:
-    """`NAME=PATH` (data source NAME) or `PATH`."""
-    name, sep, path = spec.partition("=")
-    return (name, Path(path)) if sep and name and not Path(spec).exists() else (None, Path(spec))
 
 
 def prepare(
@@ -105,8 +33,6 @@ def prepare(
     limit: int | None = None,
 ) -> tuple[Path, int]:
     """The `verl-memagent prepare` job: read inputs, optionally shuffle/limit/compose, write one parquet."""
-    from verl_memagent.data.compose import task_rows
-
     records = []
     for spec in inputs:
         source, path = parse_input(spec)

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from verl_memagent.data.compose import task_rows
-from verl_memagent.data.prepare import parse_input, read_flashrag
+from verl_memagent.data.flashrag import parse_input, read_flashrag
 
 PARQUET_SUFFIX = ".parquet"
 EVAL_SPLIT = "test"

@@ -1,4 +1,4 @@
-"""The password task, its warm start (copy pretraining, scripted demonstrations), the reward curve."""
+"""`memagent_examples.learn_codes`: the password task, its warm start (copy pretraining, demonstrations), the curve."""
 
 from __future__ import annotations
 

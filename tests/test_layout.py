@@ -1,0 +1,100 @@
+"""The architecture as imports: which package may import which, and no import cycles.
+
+Read statically from the source (every `import`, also inside functions, and `importlib.import_module`
+of a literal name), so a lazy import cannot hide an edge. The map is docs/design.md's.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import networkx as nx
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+PACKAGES = ("verl_memagent", "memagent_examples", "retriever_server")
+
+#: package -> the packages it must never import (docs/design.md, "Packages and what they may import")
+FORBIDDEN = {
+    "verl_memagent": ("retriever_server", "memagent_examples", "tests", "benchmarks", "recipes"),
+    "verl_memagent.reward": ("verl_memagent.agent", "verl_memagent.algo"),
+    "verl_memagent.algo": ("verl_memagent.agent",),
+    "memagent_examples": ("tests", "benchmarks"),
+    "retriever_server": ("verl", "verl_memagent", "memagent_examples", "tests", "benchmarks", "recipes"),
+}
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = path.relative_to(root).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imported_names(path: Path, root: Path) -> set[str]:
+    """Every module name `path` imports (for `from a import b`: `a` and `a.b`, whichever is a module)."""
+    module = module_name(path, root)
+    package = module if path.name == "__init__.py" else module.rpartition(".")[0]
+    names = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                anchor = package.rsplit(".", node.level - 1)[0]
+                base = f"{anchor}.{base}" if base else anchor
+            names.add(base)
+            names.update(f"{base}.{alias.name}" for alias in node.names)
+        elif (
+            isinstance(node, ast.Call)
+            and isinstance(node.func, ast.Attribute)
+            and node.func.attr == "import_module"
+            and node.args
+            and isinstance(node.args[0], ast.Constant)
+            and isinstance(node.args[0].value, str)
+        ):
+            names.add(node.args[0].value)
+    return names
+
+
+def forbidden_imports(package: str, root: Path = REPO) -> list[str]:
+    return sorted(
+        f"{module_name(path, root)} imports {name}"
+        for path in (root / package.replace(".", "/")).rglob("*.py")
+        for name in imported_names(path, root)
+        if any(name == banned or name.startswith(banned + ".") for banned in FORBIDDEN[package])
+    )
+
+
+def import_cycles(package: str, root: Path = REPO) -> list[list[str]]:
+    """Groups of modules of `package` that import each other, directly or around a loop."""
+    files = {module_name(path, root): path for path in sorted((root / package).rglob("*.py"))}
+    graph = nx.DiGraph()
+    for name, path in files.items():
+        graph.add_edges_from((name, target) for target in imported_names(path, root) if target in files)
+    return sorted(sorted(group) for group in nx.strongly_connected_components(graph) if len(group) > 1)
+
+
+@pytest.mark.parametrize("package", FORBIDDEN)
+def test_package_imports_only_what_the_map_allows(package):
+    assert forbidden_imports(package) == []
+
+
+@pytest.mark.parametrize("package", PACKAGES)
+def test_package_has_no_import_cycle(package):
+    assert import_cycles(package) == []
+
+
+def test_the_checks_find_a_hidden_cycle_and_a_forbidden_import(tmp_path):
+    fake = tmp_path / "verl_memagent"
+    (fake / "sub").mkdir(parents=True)
+    (fake / "__init__.py").write_text("")
+    (fake / "sub" / "__init__.py").write_text("")
+    (fake / "a.py").write_text("def f():\n    from .sub import b\n")
+    (fake / "sub" / "b.py").write_text("import importlib\n\nimportlib.import_module('verl_memagent.a')\n")
+    (fake / "c.py").write_text("def serve():\n    from retriever_server.app import create_app\n")
+    assert import_cycles("verl_memagent", tmp_path) == [["verl_memagent.a", "verl_memagent.sub.b"]]
+    assert forbidden_imports("verl_memagent", tmp_path) == [
+        "verl_memagent.c imports retriever_server.app",
+        "verl_memagent.c imports retriever_server.app.create_app",
+    ]
