@@ -43,9 +43,11 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel
 
-from retriever_server.process import ServerProcess, serve_command
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from tests.retriever_process import ServerProcess, serve_command  # noqa: E402
+
 TOPK = 3
 # our dense server three times: label -> serve flags (the naive server runs fp32, as Search-R1's)
 DENSE_VARIANTS = {
@@ -81,7 +83,8 @@ def naive_serve(index_dir: Path, port_file: Path, threads: int) -> None:
     import uvicorn
     from fastapi import FastAPI
 
-    from retriever_server.index import LoadOptions, Searcher
+    from retriever_server.index import Searcher
+    from retriever_server.options import LoadOptions
 
     torch.set_num_threads(threads)
     searcher = Searcher(index_dir, LoadOptions(quantize="none"))  # Search-R1's encoder: fp32

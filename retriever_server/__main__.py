@@ -8,7 +8,9 @@ import sys
 from pathlib import Path
 
 from retriever_server.corpus import CorpusError
-from retriever_server.index import KINDS, QUANTIZE_CHOICES, DenseOptions, IndexLoadError, LoadOptions
+from retriever_server.errors import IndexLoadError
+from retriever_server.index import KINDS
+from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -39,7 +41,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     serve.add_argument("--port-file", type=Path, help="write the bound port to this file")
-    serve.add_argument("--topk-default", type=int, default=3)
+    serve.add_argument("--topk-default", type=int, default=3, help="/retrieve's topk when none is given (Search-R1's)")
+    serve.add_argument(
+        "--top-n-default", type=int, default=10, help="/search's top_n when none is given (MemSearcher's)"
+    )
     serve.add_argument("--topk-max", type=int, default=50, help="largest topk accepted; every query is searched to it")
     serve.add_argument("--max-queries", type=int, default=1024, help="queries per request")
     serve.add_argument("--max-query-chars", type=int, default=4096)
@@ -56,7 +61,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--ef-search", type=int, default=128, help="hnsw: search breadth")
     serve.add_argument("--bm25-backend", default="auto", choices=("auto", "numba", "numpy"),
                        help="bm25 scoring: numba is much faster but compiles at start-up")  # fmt: skip
-    serve.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    serve.add_argument("--threads", type=int,
+                       help="threads per search process (torch, BLAS, faiss, numba, Lucene); default: the cores "
+                            "this process may use, divided among the search processes")  # fmt: skip
     serve.add_argument(
         "--search-processes", type=int, default=1, help="searchers (encoder + index), each a process loading the index"
     )
@@ -95,21 +102,31 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.search_processes < 1:
         raise ValueError(f"--search-processes: expected at least 1, got {args.search_processes}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads: expected at least 1, got {args.threads}")
     token = None
     if args.token_env:
         token = os.environ.get(args.token_env)
         if not token:
             raise ValueError(f"--token-env: environment variable {args.token_env} is unset or empty")
     limits = ServerLimits(
-        args.topk_default, args.topk_max, args.max_queries, args.max_query_chars, args.max_body_bytes, token
+        topk_default=args.topk_default,
+        top_n_default=args.top_n_default,
+        topk_max=args.topk_max,
+        max_queries=args.max_queries,
+        max_query_chars=args.max_query_chars,
+        max_body_bytes=args.max_body_bytes,
+        token=token,
     )
+    # processes that each run as many threads as there are cores slow each other down
+    threads = args.threads or max(1, len(os.sched_getaffinity(0)) // args.search_processes)
     load = LoadOptions(
         args.device,
         args.quantize,
         args.query_batch_size,
         args.nprobe,
         args.ef_search,
-        args.threads or 2,
+        threads,
         args.bm25_backend,
     )
     return serve(
@@ -123,7 +140,6 @@ def _serve(args: argparse.Namespace) -> int:
         cache_size=args.cache_size,
         port_file=args.port_file,
         log_level=args.log_level,
-        threads=args.threads,
         search_processes=args.search_processes,
     )
 

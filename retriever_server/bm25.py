@@ -15,6 +15,7 @@ import numpy as np
 import Stemmer
 
 from retriever_server.corpus import CorpusStore
+from retriever_server.results import pad, search_where
 
 LANGUAGE = "english"
 STOPWORDS = "en"
@@ -61,12 +62,14 @@ class BM25Index:
         self._num_passages = num_passages
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows and scores of the top k per query; rows are -1 where fewer than k passages match."""
-        k_eff = min(k, self._num_passages)
+        """Rows and scores of the top k per query; rows are -1 where fewer than k passages match, and
+        everywhere for a query left with no term (stop words, punctuation), which bm25s cannot score."""
         tokens = _tokenize(queries, self._stemmer, ids=False)
+        return search_where(self._score, tokens, [bool(t) for t in tokens], k)
+
+    def _score(self, tokens: list[list[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top k of queries that each hold a term (bm25s's numba backend refuses an empty one)."""
+        k_eff = min(k, self._num_passages)
         rows, scores = self._retriever.retrieve(tokens, k=k_eff, show_progress=False)
         rows = np.where(scores > 0, rows, -1).astype(np.int64)
-        if k_eff < k:
-            pad = ((0, 0), (0, k - k_eff))
-            rows, scores = np.pad(rows, pad, constant_values=-1), np.pad(scores, pad)
-        return rows, scores.astype(np.float32)
+        return pad(rows, scores.astype(np.float32), k)

@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from retriever_server.index import QUANTIZE_CHOICES
+from retriever_server.options import QUANTIZE_CHOICES
 from retriever_server.quantize import quantize_int8
 
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "

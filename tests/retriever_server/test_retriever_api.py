@@ -141,7 +141,8 @@ def test_bearer_token_is_required_when_configured(retriever_server, bm25_index_d
 def test_bm25_scores_are_lucenes_with_pyserinis_parameters(tmp_path):
     """Lucene's BM25, k1 = 0.9 and b = 0.4, worked by hand: after stop words and stemming the
     passages hold 3, 6, 5 and 2 terms (mean 4), and "cat" is in three of the four."""
-    from retriever_server.index import LoadOptions, Searcher, build_index
+    from retriever_server.index import Searcher, build_index
+    from retriever_server.options import LoadOptions
 
     texts = [
         "Cats chase mice",
