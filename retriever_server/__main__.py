@@ -41,7 +41,7 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     serve.add_argument("--port-file", type=Path, help="write the bound port to this file")
-    serve.add_argument("--topk-default", type=int, default=3, help="/retrieve's topk when none is given (Search-R1's)")
+    serve.add_argument("--topk-default", type=int, default=3, help="/retrieve's topk if none is given (Search-R1's)")
     serve.add_argument(
         "--top-n-default", type=int, default=10, help="/search's top_n when none is given (MemSearcher's)"
     )

@@ -33,8 +33,8 @@ from retriever_server.dense import (
 )
 from retriever_server.encoders import BGE_QUERY_INSTRUCTION, PAD_MULTIPLE, Encoder, forward_fn, resolve_spec
 from retriever_server.index import Searcher
-from retriever_server.options import LoadOptions
 from retriever_server.int8_check import WINDOW_WORDS, pseudo_query
+from retriever_server.options import LoadOptions
 from retriever_server.quantize import Int8Linear
 
 N_QUESTIONS, N_PASSAGES = 40, 300
