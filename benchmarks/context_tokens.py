@@ -28,9 +28,11 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers with
+
+from retriever_process import ServerProcess, serve_command  # noqa: E402
 
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
-from tests.retriever_process import ServerProcess, serve_command  # noqa: E402
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
