@@ -468,3 +468,7 @@ def headline(report: dict, threads: int | None) -> dict:
         errors=sum(v.get("errors", 0) for v in report.values() if isinstance(v, dict)),
     )
     return {key: value for key, value in out.items() if value is not None}
+
+
+if __name__ == "__main__":
+    main()
