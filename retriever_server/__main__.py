@@ -32,7 +32,7 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--batch-size", type=int, default=64, help="dense: passages per encoder batch")
     build.add_argument("--device", help="dense: torch device for encoding (default: cuda if present)")
     build.add_argument("--query-quantize", default="int8", choices=QUANTIZE_CHOICES,
-                       help="dense: query encoder of CPU servers (int8: ~2.8x fp32, kept only where a check "
+                       help="dense: query encoder of CPU servers (int8: several times fp32, kept only where a check "
                             "finds it keeps recall on this corpus; passages are never quantised)")  # fmt: skip
     build.add_argument("--threads", type=int, default=os.cpu_count() or 1)
 

@@ -361,7 +361,7 @@ def test_a_torch_index_served_on_missing_gpus_is_a_clear_error(torch_index):
 
 async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, subset, flat_index):
     """Also: the questions sent one per request, concurrently (so batched differently, cache off),
-    get the answers they got in one batch."""
+    get the answers they got in one batch; queries with no letter or digit get none, in any batch."""
     _, questions, kept = subset
     url = retriever_server(flat_index, "--cache-size", "0").url
     health = httpx.get(f"{url}/health").json()
@@ -380,6 +380,8 @@ async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, 
         )
     for single, batched in zip(singles, result, strict=True):
         assert [hit["document"]["id"] for hit in single.json()["result"][0]] == [doc["id"] for doc in batched]
+    mixed = {"queries": ["", "?!", "   ", questions[0]["question"]], "topk": 5}  # nothing to search for: no hits
+    assert httpx.post(f"{url}/retrieve", json=mixed, timeout=120).json()["result"] == [[], [], [], result[0]]
     items = kept[::15]
     known = [row["contents"].split("\n", 1)[1][:200] for row in items]
     result = httpx.post(f"{url}/retrieve", json={"queries": known, "topk": 1}, timeout=120).json()["result"]
