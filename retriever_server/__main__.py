@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from retriever_server.corpus import CorpusError
@@ -109,14 +110,9 @@ def _serve(args: argparse.Namespace) -> int:
         token = os.environ.get(args.token_env)
         if not token:
             raise ValueError(f"--token-env: environment variable {args.token_env} is unset or empty")
+    # every limit but the token is the option of the same name
     limits = ServerLimits(
-        topk_default=args.topk_default,
-        top_n_default=args.top_n_default,
-        topk_max=args.topk_max,
-        max_queries=args.max_queries,
-        max_query_chars=args.max_query_chars,
-        max_body_bytes=args.max_body_bytes,
-        token=token,
+        **{f.name: getattr(args, f.name) for f in fields(ServerLimits) if f.name != "token"}, token=token
     )
     # processes that each run as many threads as there are cores slow each other down
     threads = args.threads or max(1, len(os.sched_getaffinity(0)) // args.search_processes)
