@@ -277,9 +277,9 @@ def encoder_ceiling(questions: list[str], threads: int | None, report: dict, key
     import torch
 
     from retriever_server.encoders import Encoder, resolve_spec
+    from retriever_server.options import default_threads
 
-    if threads:
-        torch.set_num_threads(threads)
+    torch.set_num_threads(threads or default_threads(1))  # as one search process of ours runs it
     spec = resolve_spec(minilm_dir())
     report[key] = {"threads": torch.get_num_threads()}
     for quantize in ("none", "int8"):

@@ -11,7 +11,7 @@ from pathlib import Path
 from retriever_server.corpus import CorpusError
 from retriever_server.errors import IndexLoadError
 from retriever_server.index import KINDS
-from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions
+from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions, default_threads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -64,7 +64,7 @@ def _parser() -> argparse.ArgumentParser:
                        help="bm25 scoring: numba is much faster but compiles at start-up")  # fmt: skip
     serve.add_argument("--threads", type=int,
                        help="threads per search process (torch, BLAS, faiss, numba, Lucene); default: the cores "
-                            "this process may use, divided among the search processes")  # fmt: skip
+                            "this process may use but one, divided among the search processes")  # fmt: skip
     serve.add_argument(
         "--search-processes", type=int, default=1, help="searchers (encoder + index), each a process loading the index"
     )
@@ -114,8 +114,7 @@ def _serve(args: argparse.Namespace) -> int:
     limits = ServerLimits(
         **{f.name: getattr(args, f.name) for f in fields(ServerLimits) if f.name != "token"}, token=token
     )
-    # processes that each run as many threads as there are cores slow each other down
-    threads = args.threads or max(1, len(os.sched_getaffinity(0)) // args.search_processes)
+    threads = args.threads or default_threads(args.search_processes)
     load = LoadOptions(
         args.device,
         args.quantize,

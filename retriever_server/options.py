@@ -3,6 +3,7 @@ no heavy import: a BM25 server reads them without loading torch or faiss."""
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -33,3 +34,11 @@ class LoadOptions:
     ef_search: int = 128
     threads: int = 1  # per search process: torch, BLAS, faiss, numba and Lucene threads
     bm25_backend: str = "auto"
+
+
+def default_threads(search_processes: int) -> int:
+    """Threads per search process unless `--threads` says otherwise: the cores this process may use,
+    less one for the HTTP side (and clients on the same machine), divided among the search processes.
+    A thread pool that asks for every core waits at each op for whichever of its threads another
+    process has preempted, so it must not count on the cores the HTTP side is using."""
+    return max(1, (len(os.sched_getaffinity(0)) - 1) // search_processes)

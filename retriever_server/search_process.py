@@ -6,8 +6,8 @@ the GIL, up to the 5 ms switch interval at a time. In a child process each has a
 own and the operating system runs them on separate cores. The server's search thread sends a query
 batch down a pipe and waits for the (rows, scores) answer without holding the GIL. Cache,
 de-duplication and coalescing stay in the server (engine.py).
-Each child runs `LoadOptions.threads` threads in every library it loads: by default the server's
-cores divided among its search processes, so that they do not fight over the cores.
+Each child runs `LoadOptions.threads` threads in every library it loads (by default
+`options.default_threads`), so that the processes do not fight over the cores.
 
 The child stops when the pipe closes: on `close()`, and when the server dies in any way (its end of
 the pipe closes with it), so no search process outlives its server. A child that dies first fails
