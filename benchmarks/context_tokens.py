@@ -24,13 +24,13 @@ import statistics
 import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
-
-import httpx
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers with
+
+from retriever_process import ServerProcess, serve_command  # noqa: E402
 
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
@@ -43,26 +43,12 @@ MEMORY_CONTEXT_CAP = 4096
 NOTE_WORDS_PER_SEARCH = 40
 
 
-def start_retriever(corpus: Path, workdir: Path) -> tuple[subprocess.Popen, str]:
+def start_retriever(corpus: Path, workdir: Path) -> ServerProcess:
     """Build a BM25 index of `corpus` and serve it on a free loopback port."""
     index = workdir / "bm25"
     build = [sys.executable, "-m", "retriever_server", "build", "--kind", "bm25", "--corpus", str(corpus)]
     subprocess.run([*build, "--out", str(index)], check=True, cwd=REPO, capture_output=True)
-    port_file = workdir / "port"
-    serve = [sys.executable, "-m", "retriever_server", "serve", "--index", str(index), "--port", "0"]
-    process = subprocess.Popen([*serve, "--port-file", str(port_file)], cwd=REPO, stderr=subprocess.DEVNULL)
-    deadline = time.monotonic() + 60
-    while time.monotonic() < deadline:
-        if port_file.exists() and port_file.read_text().strip():
-            url = f"http://127.0.0.1:{port_file.read_text().strip()}"
-            try:
-                if httpx.get(f"{url}/health", timeout=1).status_code == 200:
-                    return process, url
-            except httpx.HTTPError:
-                pass
-        time.sleep(0.1)
-    process.terminate()
-    raise RuntimeError("the retriever did not start within 60 s")
+    return ServerProcess(serve_command(index), timeout_s=60, cwd=REPO)
 
 
 def load_questions(data_dir: Path, count: int) -> tuple[list[dict], dict[str, str]]:
@@ -236,12 +222,11 @@ def main(argv: list[str] | None = None) -> dict:
         tokenizer = AutoTokenizer.from_pretrained(tokenizer_name)
         hf_model_type = _model_type(tokenizer_name) if args.tokenizer else "qwen2"
         questions, passages = load_questions(REPO / "data", args.questions)
-        process, url = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
+        server = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
         try:
-            results = asyncio.run(measure(questions, passages, tokenizer, url, hf_model_type, args.topk))
+            results = asyncio.run(measure(questions, passages, tokenizer, server.url, hf_model_type, args.topk))
         finally:
-            process.terminate()
-            process.wait()
+            server.stop()
         plot_path = Path(args.plot) if args.plot else Path(tempfile.mkdtemp()) / "context_tokens.png"
         plot(results, plot_path)
 

@@ -191,7 +191,7 @@ def main() -> None:
     parser.add_argument("--passages", type=int, default=0, help="0: the whole bundled corpus")
     parser.add_argument("--questions", type=int, default=1000)
     parser.add_argument("--rollout-questions", type=int, default=200)
-    parser.add_argument("--threads", type=int, default=4, help="torch CPU threads of both servers")
+    parser.add_argument("--threads", type=int, help="CPU threads of both servers (default: their own)")
     parser.add_argument("--scale-rows", type=int, default=21_015_324, help="0 skips the scale run")
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "dense_gpu_bench")

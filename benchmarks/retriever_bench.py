@@ -8,18 +8,20 @@ every gold passage of the multi-hop questions plus distractors, `--dense-passage
            no batching, no cache (how Search-R1's server works, made thread-safe with a lock),
 and drives both over HTTP (aiohttp, this process) at concurrency 1, 8, 64 with 1 and 32 queries per
 request, topk 3, level by level in turn so all see the same machine load. For dense, ours runs
-three times: with the fp32 query encoder (`--quantize none`, as the naive server), the int8 one
-(`--quantize int8`), and the int8 one in two search processes (`--search-processes 2`). Then: a
+three times: with the fp32 query encoder (`--quantize none`, as the naive server), and at its
+defaults (the int8 one on CPU) with 1 and with N = one per core search processes. Then: a
 rollout-shaped load (each question sent by 5 trajectories), each encoder's in-process ceiling
 (per-query and batched, fp32 and int8; measured before and after the dense levels, averaged), a
 soak of
 `--soak-requests` at concurrency 64, and a BM25 scale run on a synthetic corpus of
-`--scale-passages` passages (build time, RSS, qps). Both servers and the ceiling use `--threads`
-torch threads (1 by default: on a shared 2-core machine a second thread mostly waits). Everything
-shares the CPUs with the load generator. Last line: one JSON object of the headline figures.
+`--scale-passages` passages (build time, RSS, qps). Every server runs at its default threads
+unless `--threads` is given. Everything shares the CPUs with the load generator. Last line: one
+JSON object of the headline figures, among them `dense_int8_xN_over_x1_<level>`: our default
+server with one search process per core against one search process.
 
-    python benchmarks/retriever_bench.py [--work-dir DIR] [--questions 384] [--threads 1]
-        [--dense-passages 3000] [--scale-passages 1000000] [--soak-requests 100000]
+    python benchmarks/retriever_bench.py [--work-dir DIR] [--questions 384] [--threads N]
+        [--kinds bm25,dense] [--dense-passages 3000] [--rollout-questions 96]
+        [--scale-passages 1000000] [--soak-requests 100000]
 """
 
 from __future__ import annotations
@@ -43,15 +45,19 @@ import aiohttp
 import numpy as np
 from pydantic import BaseModel
 
-from retriever_server.process import ServerProcess, serve_command
-
 REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers with
+
+from retriever_process import ServerProcess, serve_command  # noqa: E402
+
 TOPK = 3
-# our dense server three times: label -> serve flags (the naive server runs fp32, as Search-R1's)
+PROCESSES = max(2, len(os.sched_getaffinity(0)))  # the "N" of 1 vs N search processes: one per core
+# our dense server three times: label -> serve flags (the naive server runs fp32, as Search-R1's);
+# dense_int8 and dense_int8_xN run at the defaults (int8 queries on CPU, the cores shared out)
 DENSE_VARIANTS = {
     "dense": ["--quantize", "none"],
-    "dense_int8": ["--quantize", "int8"],
-    "dense_int8_x2": ["--quantize", "int8", "--search-processes", "2"],
+    "dense_int8": [],
+    "dense_int8_xN": ["--search-processes", str(PROCESSES)],
 }
 LEVELS = [(1, 1), (8, 1), (64, 1), (1, 32), (8, 32), (64, 32)]  # (concurrency, queries per request)
 
@@ -75,15 +81,17 @@ class NaiveQuery(BaseModel):
     return_scores: bool = True
 
 
-def naive_serve(index_dir: Path, port_file: Path, threads: int) -> None:
+def naive_serve(index_dir: Path, port_file: Path, threads: int | None) -> None:
     """One request at a time through the same encoder and index: no batching across requests, no cache."""
     import torch
     import uvicorn
     from fastapi import FastAPI
 
-    from retriever_server.index import LoadOptions, Searcher
+    from retriever_server.index import Searcher
+    from retriever_server.options import LoadOptions
 
-    torch.set_num_threads(threads)
+    if threads:
+        torch.set_num_threads(threads)
     searcher = Searcher(index_dir, LoadOptions(quantize="none"))  # Search-R1's encoder: fp32
     searcher.search(["warm up"], TOPK)  # first-call costs (numba compilation) before serving, as ours does
     lock = threading.Lock()
@@ -114,12 +122,15 @@ def naive_serve(index_dir: Path, port_file: Path, threads: int) -> None:
 # ---------------------------------------------------------------- processes and load
 
 
-def ours(index_dir: Path, threads: int, *args: str) -> ServerProcess:
-    return ServerProcess(serve_command(index_dir, "--threads", str(threads), *args), timeout_s=900, cwd=REPO)
+def ours(index_dir: Path, threads: int | None, *args: str) -> ServerProcess:
+    """Our server; `threads` None: its default (the cores divided among its search processes)."""
+    thread_flags = () if threads is None else ("--threads", str(threads))
+    return ServerProcess(serve_command(index_dir, *thread_flags, *args), timeout_s=900, cwd=REPO)
 
 
-def naive(index_dir: Path, threads: int) -> ServerProcess:
-    command = [sys.executable, __file__, "--naive-serve", str(index_dir), "--threads", str(threads)]
+def naive(index_dir: Path, threads: int | None) -> ServerProcess:
+    thread_flags = () if threads is None else ("--threads", str(threads))
+    command = [sys.executable, __file__, "--naive-serve", str(index_dir), *thread_flags]
     return ServerProcess(command, timeout_s=900, cwd=REPO)
 
 
@@ -260,14 +271,15 @@ def synthetic_corpus(work: Path, size: int, seed: int = 0) -> tuple[Path, list[t
 # ---------------------------------------------------------------- parts of the run
 
 
-def encoder_ceiling(questions: list[str], threads: int, report: dict, key: str) -> None:
+def encoder_ceiling(questions: list[str], threads: int | None, report: dict, key: str) -> None:
     """In-process throughput of each query encoder (fp32, int8): one query per call (no batching)
     and batched (the best batch size is its ceiling)."""
     import torch
 
     from retriever_server.encoders import Encoder, resolve_spec
+    from retriever_server.options import default_threads
 
-    torch.set_num_threads(threads)
+    torch.set_num_threads(threads or default_threads(1))  # as one search process of ours runs it
     spec = resolve_spec(minilm_dir())
     report[key] = {"threads": torch.get_num_threads()}
     for quantize in ("none", "int8"):
@@ -351,8 +363,9 @@ def main() -> None:
     parser.add_argument("--scale-passages", type=int, default=1_000_000, help="0 skips the scale run")
     parser.add_argument("--soak-requests", type=int, default=100_000, help="0 skips the soak")
     parser.add_argument("--questions", type=int, default=384, help="unique multi-hop questions sent per level")
-    parser.add_argument("--rollout-questions", type=int, default=96, help="questions x 5 trajectories")
-    parser.add_argument("--threads", type=int, default=1, help="torch threads of both servers and the ceiling")
+    parser.add_argument("--rollout-questions", type=int, default=96, help="questions x 5 trajectories; 0 skips")
+    parser.add_argument("--kinds", default="bm25,dense", help="indexes to measure (comma-separated)")
+    parser.add_argument("--threads", type=int, help="threads of every server and the ceiling (default: their own)")
     parser.add_argument("--naive-serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -365,16 +378,20 @@ def main() -> None:
     multihop = read_jsonl(REPO / "data" / "qa_multihop.jsonl")
     questions = [q["question"] for q in multihop][: args.questions]
     gold = {q["question"]: q["supporting_ids"] for q in multihop}
-    report: dict = {"cpus": os.cpu_count(), "load_avg_start": os.getloadavg()[0]}
+    report: dict = {"cpus": len(os.sched_getaffinity(0))}
+    kinds = args.kinds.split(",")
+    indexes = {}
+    if "bm25" in kinds:
+        indexes["bm25"] = work / "bm25_corpus"
+        report["bm25_build_s"] = build("bm25", REPO / "data" / "corpus.jsonl", indexes["bm25"])
+    if "dense" in kinds:
+        indexes["dense"] = work / f"dense_flat_{args.dense_passages}"
+        subset = dense_subset(work, multihop, args.dense_passages)
+        flags = ("--encoder", minilm_dir(), "--index-type", "flat")
+        report["dense_build_s"] = build("dense", subset, indexes["dense"], *flags)
+        report["dense_passages"] = sum(1 for _ in subset.open())
 
-    bm25_dir = work / "bm25_corpus"
-    report["bm25_build_s"] = build("bm25", REPO / "data" / "corpus.jsonl", bm25_dir)
-    dense_dir = work / f"dense_flat_{args.dense_passages}"
-    subset = dense_subset(work, multihop, args.dense_passages)
-    report["dense_build_s"] = build("dense", subset, dense_dir, "--encoder", minilm_dir(), "--index-type", "flat")
-    report["dense_passages"] = sum(1 for _ in subset.open())
-
-    for kind, index_dir in (("bm25", bm25_dir), ("dense", dense_dir)):
+    for kind, index_dir in indexes.items():
         if kind == "bm25":
             bm25_inprocess(index_dir, questions, report)
         else:
@@ -396,67 +413,61 @@ def main() -> None:
                 server.stop()
             if kind == "dense":
                 encoder_ceiling(questions, args.threads, report, "encoder_after_levels")
+            if not (args.rollout_questions or (kind == "bm25" and args.soak_requests)):
+                continue
             # default settings otherwise, cache on: the rollout-shaped load
             cached = {label: start(ours(index_dir, args.threads, *flags)) for label, flags in variants.items()}
-            rollout({f"naive_{kind}": baseline, **cached}, questions[: args.rollout_questions], report)
+            if args.rollout_questions:
+                rollout({f"naive_{kind}": baseline, **cached}, questions[: args.rollout_questions], report)
             if kind == "bm25" and args.soak_requests:
                 soak(cached[kind], questions, args.soak_requests, report)
     if args.scale_passages:
         scale(work, args.scale_passages, report)
 
-    c64 = "_c64_q1"
-    encoder = [report["encoder_before_levels"], report["encoder_after_levels"]]  # the machine's load drifts
+    print(json.dumps(headline(report, args.threads)))
 
-    def mean(quantize: str, figure: str) -> float:
-        return round(float(np.mean([e[quantize][figure] for e in encoder])), 1)
 
-    ceiling, int8_ceiling = mean("fp32", "ceiling_qps"), mean("int8", "ceiling_qps")
-    naive_c64, naive_rollout = report[f"naive_dense{c64}"]["qps"], report["naive_dense_rollout"]["qps"]
-    headline = {
-        "dense_qps_c64": report[f"dense{c64}"]["qps"],
-        "naive_dense_qps_c64": report[f"naive_dense{c64}"]["qps"],
-        "dense_speedup_c64": round(report[f"dense{c64}"]["qps"] / naive_c64, 2),
-        "dense_fraction_of_encoder_ceiling_c64": round(report[f"dense{c64}"]["qps"] / ceiling, 3),
-        "encoder_per_query_qps": mean("fp32", "per_query_qps"),
-        "encoder_ceiling_qps": ceiling,
-        "encoder_int8_per_query_qps": mean("int8", "per_query_qps"),
-        "encoder_int8_ceiling_qps": int8_ceiling,
-        "dense_int8_qps_c64": report[f"dense_int8{c64}"]["qps"],
-        "dense_int8_speedup_c64": round(report[f"dense_int8{c64}"]["qps"] / naive_c64, 2),
-        "dense_int8_fraction_of_int8_ceiling_c64": round(report[f"dense_int8{c64}"]["qps"] / int8_ceiling, 3),
-        "dense_int8_p99_c64_ms": report[f"dense_int8{c64}"]["p99_ms"],
-        "dense_int8_recall_at_3": report[f"dense_int8{c64}"]["recall_at_3"],
-        "dense_int8_x2_qps_c64": report[f"dense_int8_x2{c64}"]["qps"],
-        "dense_int8_x2_speedup_c64": round(report[f"dense_int8_x2{c64}"]["qps"] / naive_c64, 2),
-        "dense_int8_x2_over_one_encoder_ceiling_c64": round(report[f"dense_int8_x2{c64}"]["qps"] / int8_ceiling, 3),
-        "dense_int8_x2_p99_c64_ms": report[f"dense_int8_x2{c64}"]["p99_ms"],
-        "dense_int8_x2_recall_at_3": report[f"dense_int8_x2{c64}"]["recall_at_3"],
-        "dense_int8_rollout_qps": report["dense_int8_rollout"]["qps"],
-        "dense_int8_rollout_speedup": round(report["dense_int8_rollout"]["qps"] / naive_rollout, 2),
-        "dense_p99_c64_ms": report[f"dense{c64}"]["p99_ms"],
-        "naive_dense_p50_c64_ms": report[f"naive_dense{c64}"]["p50_ms"],
-        "dense_qps_c64_q32": report["dense_c64_q32"]["qps"],
-        "naive_dense_qps_c64_q32": report["naive_dense_c64_q32"]["qps"],
-        "dense_rollout_qps": report["dense_rollout"]["qps"],
-        "naive_dense_rollout_qps": report["naive_dense_rollout"]["qps"],
-        "dense_rollout_speedup": round(report["dense_rollout"]["qps"] / naive_rollout, 2),
-        "recall_at_3": report[f"dense{c64}"]["recall_at_3"],
-        "naive_recall_at_3": report[f"naive_dense{c64}"]["recall_at_3"],
-        "bm25_qps_c64": report[f"bm25{c64}"]["qps"],
-        "naive_bm25_qps_c64": report[f"naive_bm25{c64}"]["qps"],
-        "bm25_recall_at_3": report[f"bm25{c64}"]["recall_at_3"],
-        "bm25_inprocess_qps": report["bm25_inprocess"]["single_qps"],
-        "bm25_rollout_qps": report["bm25_rollout"]["qps"],
-        "soak_requests": report.get("soak", {}).get("requests", 0),
-        "scale_passages": report.get("scale", {}).get("passages", 0),
-        "scale_build_s": report.get("scale", {}).get("build_s"),
-        "scale_rss_mb": report.get("scale", {}).get("serve_peak_rss_mb"),
-        "scale_qps_c64": report.get("scale", {}).get("qps_c64"),
-        "errors": sum(v.get("errors", 0) for v in report.values() if isinstance(v, dict)),
-        "threads": args.threads,
-        "load_avg_end": round(os.getloadavg()[0], 2),
-    }
-    print(json.dumps(headline))
+def headline(report: dict, threads: int | None) -> dict:
+    """The figures that matter, from what this run measured (levels it skipped are left out)."""
+
+    def figure(key: str, name: str = "qps"):
+        return report.get(key, {}).get(name)
+
+    def ratio(numerator, denominator):
+        return round(numerator / denominator, 2) if numerator and denominator else None
+
+    out: dict = {"cpus": report["cpus"], "threads": threads, "search_processes_n": PROCESSES}
+    encoder = [report[key] for key in ("encoder_before_levels", "encoder_after_levels") if key in report]
+    for quantize in ("fp32", "int8") if encoder else ():  # the machine's load drifts: before and after, averaged
+        out[f"encoder_{quantize}_per_query_qps"] = round(
+            float(np.mean([e[quantize]["per_query_qps"] for e in encoder])), 1
+        )
+        out[f"encoder_{quantize}_ceiling_qps"] = round(float(np.mean([e[quantize]["ceiling_qps"] for e in encoder])), 1)
+    for concurrency, per_request in LEVELS:
+        level = f"c{concurrency}_q{per_request}"
+        for kind, labels in (("bm25", ["bm25"]), ("dense", list(DENSE_VARIANTS))):
+            naive_qps = figure(f"naive_{kind}_{level}")
+            if naive_qps is None:
+                continue
+            out[f"naive_{kind}_qps_{level}"] = naive_qps
+            for label in labels:
+                out[f"{label}_qps_{level}"] = figure(f"{label}_{level}")
+                out[f"{label}_p99_ms_{level}"] = figure(f"{label}_{level}", "p99_ms")
+                out[f"{label}_speedup_{level}"] = ratio(figure(f"{label}_{level}"), naive_qps)
+        out[f"dense_int8_xN_over_x1_{level}"] = ratio(figure(f"dense_int8_xN_{level}"), figure(f"dense_int8_{level}"))
+    for label in ("naive_bm25", "bm25", "naive_dense", *DENSE_VARIANTS):
+        out[f"{label}_recall_at_3"] = figure(f"{label}_c64_q1", "recall_at_3")
+        out[f"{label}_rollout_qps"] = figure(f"{label}_rollout")
+    out.update(
+        bm25_inprocess_qps=figure("bm25_inprocess", "single_qps"),
+        soak_requests=figure("soak", "requests"),
+        scale_passages=figure("scale", "passages"),
+        scale_build_s=figure("scale", "build_s"),
+        scale_rss_mb=figure("scale", "serve_peak_rss_mb"),
+        scale_qps_c64=figure("scale", "qps_c64"),
+        errors=sum(v.get("errors", 0) for v in report.values() if isinstance(v, dict)),
+    )
+    return {key: value for key, value in out.items() if value is not None}
 
 
 if __name__ == "__main__":

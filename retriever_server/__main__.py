@@ -5,10 +5,13 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from dataclasses import fields
 from pathlib import Path
 
 from retriever_server.corpus import CorpusError
-from retriever_server.index import KINDS, QUANTIZE_CHOICES, DenseOptions, IndexLoadError, LoadOptions
+from retriever_server.errors import IndexLoadError
+from retriever_server.index import KINDS
+from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions, default_threads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -30,7 +33,7 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--batch-size", type=int, default=64, help="dense: passages per encoder batch")
     build.add_argument("--device", help="dense: torch device for encoding (default: cuda if present)")
     build.add_argument("--query-quantize", default="int8", choices=QUANTIZE_CHOICES,
-                       help="dense: query encoder of CPU servers (int8: ~2.8x fp32, kept only where a check "
+                       help="dense: query encoder of CPU servers (int8: several times fp32, kept only where a check "
                             "finds it keeps recall on this corpus; passages are never quantised)")  # fmt: skip
     build.add_argument("--threads", type=int, default=os.cpu_count() or 1)
 
@@ -39,7 +42,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     serve.add_argument("--port-file", type=Path, help="write the bound port to this file")
-    serve.add_argument("--topk-default", type=int, default=3)
+    serve.add_argument("--topk-default", type=int, default=3, help="/retrieve's topk if none is given (Search-R1's)")
+    serve.add_argument(
+        "--top-n-default", type=int, default=10, help="/search's top_n when none is given (MemSearcher's)"
+    )
     serve.add_argument("--topk-max", type=int, default=50, help="largest topk accepted; every query is searched to it")
     serve.add_argument("--max-queries", type=int, default=1024, help="queries per request")
     serve.add_argument("--max-query-chars", type=int, default=4096)
@@ -56,7 +62,9 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--ef-search", type=int, default=128, help="hnsw: search breadth")
     serve.add_argument("--bm25-backend", default="auto", choices=("auto", "numba", "numpy"),
                        help="bm25 scoring: numba is much faster but compiles at start-up")  # fmt: skip
-    serve.add_argument("--threads", type=int, help="torch intra-op threads (default: torch's choice)")
+    serve.add_argument("--threads", type=int,
+                       help="threads per search process (torch, BLAS, faiss, numba, Lucene); default: the cores "
+                            "this process may use but one, divided among the search processes")  # fmt: skip
     serve.add_argument(
         "--search-processes", type=int, default=1, help="searchers (encoder + index), each a process loading the index"
     )
@@ -95,21 +103,25 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.search_processes < 1:
         raise ValueError(f"--search-processes: expected at least 1, got {args.search_processes}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads: expected at least 1, got {args.threads}")
     token = None
     if args.token_env:
         token = os.environ.get(args.token_env)
         if not token:
             raise ValueError(f"--token-env: environment variable {args.token_env} is unset or empty")
+    # every limit but the token is the option of the same name
     limits = ServerLimits(
-        args.topk_default, args.topk_max, args.max_queries, args.max_query_chars, args.max_body_bytes, token
+        **{f.name: getattr(args, f.name) for f in fields(ServerLimits) if f.name != "token"}, token=token
     )
+    threads = args.threads or default_threads(args.search_processes)
     load = LoadOptions(
         args.device,
         args.quantize,
         args.query_batch_size,
         args.nprobe,
         args.ef_search,
-        args.threads or 2,
+        threads,
         args.bm25_backend,
     )
     return serve(
@@ -123,7 +135,6 @@ def _serve(args: argparse.Namespace) -> int:
         cache_size=args.cache_size,
         port_file=args.port_file,
         log_level=args.log_level,
-        threads=args.threads,
         search_processes=args.search_processes,
     )
 

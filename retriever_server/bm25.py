@@ -1,9 +1,9 @@
 """BM25 over the corpus store with bm25s + PyStemmer (no Java): built once, memory-mapped at load.
 
 Scored as Lucene scores BM25 (bm25s's `lucene` method) with pyserini's parameters k1 = 0.9, b = 0.4,
-the BM25 that Search-R1 and MemSearcher searched with: on the bundled multi-hop questions 84% of the
-top-3 lists are pyserini's exactly (bm25s's own k1 = 1.5, b = 0.75: 28%); the rest differ by
-tokenisation (Snowball stemmer and stop words here, Lucene's English analyser there)."""
+the BM25 that Search-R1 and MemSearcher searched with (bm25s's own k1 = 1.5, b = 0.75 rank
+differently); what still differs is tokenisation (Snowball stemmer and stop words here, Lucene's
+English analyser there)."""
 
 from __future__ import annotations
 
@@ -15,6 +15,7 @@ import numpy as np
 import Stemmer
 
 from retriever_server.corpus import CorpusStore
+from retriever_server.results import pad, search_where
 
 LANGUAGE = "english"
 STOPWORDS = "en"
@@ -46,9 +47,9 @@ BACKENDS = ("auto", "numba", "numpy")
 class BM25Index:
     """Searches a saved bm25s index; the score matrix stays memory-mapped on disk.
 
-    Backend `auto` scores with numba when it is installed (a dependency of this project): 15x (14k
-    passages) to 60x (1M passages) the queries/s of bm25s's numpy backend here, at the price of a
-    JIT compilation at start-up (tens of seconds on two busy cores); `numpy` starts at once.
+    Backend `auto` scores with numba when it is installed (a dependency of this project): many times
+    the queries/s of bm25s's numpy backend, at the price of a JIT compilation at start-up; `numpy`
+    starts at once.
     """
 
     def __init__(self, index_dir: Path, num_passages: int, *, backend: str = "auto"):
@@ -61,12 +62,14 @@ class BM25Index:
         self._num_passages = num_passages
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Rows and scores of the top k per query; rows are -1 where fewer than k passages match."""
-        k_eff = min(k, self._num_passages)
+        """Rows and scores of the top k per query; rows are -1 where fewer than k passages match, and
+        everywhere for a query left with no term (stop words, punctuation), which bm25s cannot score."""
         tokens = _tokenize(queries, self._stemmer, ids=False)
+        return search_where(self._score, tokens, [bool(t) for t in tokens], k)
+
+    def _score(self, tokens: list[list[str]], k: int) -> tuple[np.ndarray, np.ndarray]:
+        """Top k of queries that each hold a term (bm25s's numba backend refuses an empty one)."""
+        k_eff = min(k, self._num_passages)
         rows, scores = self._retriever.retrieve(tokens, k=k_eff, show_progress=False)
         rows = np.where(scores > 0, rows, -1).astype(np.int64)
-        if k_eff < k:
-            pad = ((0, 0), (0, k - k_eff))
-            rows, scores = np.pad(rows, pad, constant_values=-1), np.pad(scores, pad)
-        return rows, scores.astype(np.float32)
+        return pad(rows, scores.astype(np.float32), k)

@@ -18,6 +18,8 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
+from retriever_server.results import pad
+
 GPU_HEADROOM_BYTES = 2 << 30  # left free beside each GPU shard: a block of scores, top-k, the encoder
 FAISS_KINDS = ("flat", "hnsw", "ivfpq")
 INDEX_KINDS = (*FAISS_KINDS, "torch")
@@ -152,7 +154,7 @@ class TorchIndex:
             values, rows = _top_k(tops, k)
             per_shard.append((values.float().cpu(), rows.cpu()))
         values, rows = _top_k(per_shard, k)
-        return _pad(rows.numpy().astype(np.int64), values.numpy(), k)
+        return pad(rows.numpy().astype(np.int64), values.numpy(), k)
 
 
 def _top_k(parts: list[tuple[torch.Tensor, torch.Tensor]], k: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -160,12 +162,3 @@ def _top_k(parts: list[tuple[torch.Tensor, torch.Tensor]], k: int) -> tuple[torc
     values, rows = torch.cat([v for v, _ in parts], dim=1), torch.cat([r for _, r in parts], dim=1)
     values, best = torch.topk(values, min(k, values.shape[1]), dim=1)
     return values, torch.gather(rows, 1, best)
-
-
-def _pad(rows: np.ndarray, scores: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """Pad result matrices to k columns with row -1 (no passage)."""
-    missing = k - rows.shape[1]
-    if missing <= 0:
-        return rows, scores
-    pad = ((0, 0), (0, missing))
-    return np.pad(rows, pad, constant_values=-1), np.pad(scores, pad)

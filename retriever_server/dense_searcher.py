@@ -18,7 +18,7 @@ from retriever_server.dense import (
     fits_on_gpus,
 )
 from retriever_server.encoders import Encoder, EncoderSpec
-from retriever_server.index import IndexLoadError
+from retriever_server.errors import IndexLoadError
 
 
 class DenseSearcher:

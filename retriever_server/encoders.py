@@ -6,8 +6,8 @@
   maximum length and prompts as their config files say.
 Anything else: mean pooling and normalisation. Batches are formed from texts of the same padded
 length (few pad tokens, vectors independent of the batch), run under `torch.inference_mode`, fp16
-on GPU; on CPU traced to TorchScript, or int8 (`quantize.py`) compiled by `torch.compile`: about
-2.8x fp32 at the same recall (see `forward_fn`).
+on GPU; on CPU traced to TorchScript, or int8 (`quantize.py`) compiled by `torch.compile`, several
+times fp32's speed where the index's build found it keeps recall (see `forward_fn`).
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ import numpy as np
 import torch
 from tqdm import tqdm
 
-from retriever_server.index import QUANTIZE_CHOICES
+from retriever_server.options import QUANTIZE_CHOICES
 from retriever_server.quantize import quantize_int8
 
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
@@ -170,12 +170,11 @@ def forward_fn(model: torch.nn.Module, tokenizer, *, runner: str) -> tuple[Calla
 
     - compiled: `torch.compile` (inductor's C++ kernels) fuses the work between the int8 products
       (quantising each row, dequantising, bias, GELU, layer norm, softmax) that the other runners do
-      op by op: 1.25-1.5x the traced int8 encoder's queries/s. It compiles here (20-40 s the first
-      time, then mostly from inductor's on-disk cache), never on a request (see `_compile`). Its
-      Python wrapper returns to the GIL between kernels: the server runs it in a process of its own.
+      op by op, each a pass over memory. It compiles here, at load, never on a request (see
+      `_compile`). Its Python wrapper returns to the GIL between kernels: the server runs it in a
+      process of its own.
     - traced: TorchScript. A forward pass takes Python's GIL once, not once per op, so a busy event
-      loop beside it slows it far less (int8, next to a busy Python thread: 144 queries/s traced, 90
-      eager).
+      loop beside it slows it far less than the eager model.
     """
     if runner not in RUNNERS:
         raise ValueError(f"runner: expected one of {RUNNERS}, got {runner!r}")
@@ -218,11 +217,10 @@ def _compile(eager: _LastHiddenState, warm_up: list[tuple], checks: list[tuple])
     fuses (faster here than SDPA's kernel on short queries), and values used twice are stored rather
     than recomputed (a lower `realize_cpu_opcount_threshold`: the GELU feeds both a row's int8 scale and
     its quantisation). The fused kernels run on one thread (the int8 products still use torch's
-    threads): with an OpenMP region in each of them, two threads on this busy two-core machine took
-    60 s for 42 queries sent one by one, against 16 s (and 42 s traced). A compiled forward pass
-    agrees with the eager one only up to int8 roundings that flip (MiniLM, 64 questions: each text's
-    hidden states 3% off in the median, 7% at most; int8 against fp32: 8-17%), so the check allows
-    25% per text: it catches a wrong graph (one with another model's weights was 88% off).
+    threads): they are small, and an OpenMP region in each only adds threads waiting for each other.
+    A compiled forward pass agrees with the eager one only up to int8 roundings that flip between
+    fused and unfused arithmetic (a few percent per text, less than int8 against fp32 moves it), so
+    the check allows 25% per text: enough to catch a wrong graph, which is far off.
     """
     config = getattr(eager.model, "config", None)
     attention = getattr(config, "_attn_implementation", None)  # a transformers model's; switched back on failure

@@ -7,48 +7,19 @@ from __future__ import annotations
 import json
 import os
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
 import numpy as np
 
 from retriever_server.corpus import CorpusError, CorpusStore, build_store
+from retriever_server.errors import IndexLoadError
+from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions
+from retriever_server.results import search_where
 
 META_FILE = "meta.json"
 FORMAT_VERSION = 1
 KINDS = ("bm25", "dense", "pyserini")
-QUANTIZE_CHOICES = ("none", "int8")  # how a CPU server runs the query encoder: fp32, or int8 (encoders.py)
-
-
-class IndexLoadError(RuntimeError):
-    """An index directory that cannot be served; the message says what is wrong and how to fix it."""
-
-
-@dataclass
-class DenseOptions:
-    """Build options of `--kind dense`."""
-
-    encoder: str
-    family: str = "auto"
-    index_type: str = "flat"
-    prebuilt_faiss: Path | None = None
-    batch_size: int = 64
-    device: str | None = None
-    query_quantize: str = "int8"  # how a CPU server runs the query encoder (meta `query_quantize`)
-
-
-@dataclass
-class LoadOptions:
-    """Serve-time options: where to run the encoder and how hard approximate indexes search."""
-
-    device: str | None = None
-    quantize: str | None = None  # None: as the index's meta says ("none" for indexes built before it did)
-    query_batch_size: int | None = None  # None: 64 on CPU (fastest per query there), 256 on GPU
-    nprobe: int = 32
-    ef_search: int = 128
-    threads: int = 2
-    bm25_backend: str = "auto"
 
 
 class RowSearcher(Protocol):
@@ -215,4 +186,10 @@ class Searcher:
         return info
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        return self._rows.search(queries, k)
+        """Top-k rows and scores per query. A query with no letter or digit has nothing to search for
+        and matches no passage, whatever the kind (a dense encoder would embed its prefix alone)."""
+        return search_where(self._rows.search, queries, [has_term(query) for query in queries], k)
+
+
+def has_term(query: str) -> bool:
+    return any(char.isalnum() for char in query)

@@ -2,10 +2,8 @@
 
 torch's dynamic quantisation (`torch.ao.quantization.quantize_dynamic`) takes one activation scale
 per call, over the whole batch, on 7 bits: a query's vector then depends on the queries batched with
-it (on the benchmark's 384 questions, 28% changed their top 3 between two batchings) and recall@3
-dropped 1.8 points. Here every row gets its own scale on all 8 bits and weights one scale per output
-channel, so a query's vector depends on the query alone, up to float rounding in the layers between
-(1 question in 384 swapped two of its top 3 between batch sizes 1 and 16), and recall@3 is fp32's.
+it, and recall drops. Here every row gets its own scale on all 8 bits and weights one scale per
+output channel, so a query's vector depends on the query alone and recall stays fp32's.
 The integer products run in `torch._int_mm` (oneDNN), exact in int32.
 """
 

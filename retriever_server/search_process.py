@@ -5,8 +5,9 @@ returns to Python (tokenizer, padding, pooling, faiss, result arrays) it waits f
 the GIL, up to the 5 ms switch interval at a time. In a child process each has an interpreter of its
 own and the operating system runs them on separate cores. The server's search thread sends a query
 batch down a pipe and waits for the (rows, scores) answer without holding the GIL. Cache,
-de-duplication and coalescing stay in the server (engine.py). (Reading the pipe on the event loop
-itself, with one or two batches in flight, measured no better: see docs/retriever.md.)
+de-duplication and coalescing stay in the server (engine.py).
+Each child runs `LoadOptions.threads` threads in every library it loads (by default
+`options.default_threads`), so that the processes do not fight over the cores.
 
 The child stops when the pipe closes: on `close()`, and when the server dies in any way (its end of
 the pipe closes with it), so no search process outlives its server. A child that dies first fails
@@ -15,14 +16,28 @@ the search that finds it gone and calls `on_exit` (the server then stops with th
 
 from __future__ import annotations
 
+import contextlib
 import multiprocessing
+import os
 import signal
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import numpy as np
 
-from retriever_server.index import IndexLoadError, LoadOptions, Searcher
+from retriever_server.errors import IndexLoadError
+from retriever_server.index import Searcher
+from retriever_server.options import LoadOptions
+
+# the thread counts torch (intra-op), OpenBLAS/MKL, faiss (OpenMP), numba and inductor's compiler read
+# when they load (a compiler at 1 thread compiles in-process: no worker pool to leave behind on a stop)
+THREAD_VARIABLES = (
+    "OMP_NUM_THREADS",
+    "MKL_NUM_THREADS",
+    "OPENBLAS_NUM_THREADS",
+    "NUMBA_NUM_THREADS",
+    "TORCHINDUCTOR_COMPILE_THREADS",
+)
 
 
 class SearchProcess:
@@ -35,18 +50,18 @@ class SearchProcess:
         options: LoadOptions,
         *,
         warm_up_depth: int,
-        threads: int | None = None,
         on_exit: Callable[[str], None] = lambda reason: None,
     ):
         context = multiprocessing.get_context("spawn")  # no fork of a process with threads running
         self._pipe, child_end = context.Pipe()
         self._process = context.Process(
             target=_serve_searches,
-            args=(child_end, Path(index_dir), options, warm_up_depth, threads),
+            args=(child_end, Path(index_dir), options, warm_up_depth),
             name="retriever-search",
             daemon=True,
         )
-        self._process.start()
+        with _environment(dict.fromkeys(THREAD_VARIABLES, str(options.threads))):  # read by the child's libraries
+            self._process.start()
         child_end.close()  # the child holds the only other end: its exit is an EOF here
         try:
             failed, payload = self._pipe.recv()
@@ -87,13 +102,24 @@ class SearchProcess:
             self._process.join()
 
 
-def _serve_searches(pipe, index_dir: Path, options: LoadOptions, warm_up_depth: int, threads: int | None) -> None:
+@contextlib.contextmanager
+def _environment(values: dict[str, str]) -> Iterator[None]:
+    """`os.environ` updated with `values` inside the block (a spawned child inherits it), restored after."""
+    saved = {name: os.environ.get(name) for name in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for name, value in saved.items():
+            if value is None:
+                os.environ.pop(name, None)
+            else:
+                os.environ[name] = value
+
+
+def _serve_searches(pipe, index_dir: Path, options: LoadOptions, warm_up_depth: int) -> None:
     """The child: load, warm up, report ready (or the error), then answer batches until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server decides
-    if threads:
-        import torch
-
-        torch.set_num_threads(threads)
     try:
         searcher = Searcher(index_dir, options)
         searcher.search(["warm up"], warm_up_depth)  # JIT compilation and first-call costs before "ready"

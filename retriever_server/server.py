@@ -14,7 +14,8 @@ import uvicorn
 from retriever_server.app import ServerLimits, create_app
 from retriever_server.corpus import CorpusStore
 from retriever_server.engine import SearchEngine
-from retriever_server.index import LoadOptions, read_meta
+from retriever_server.index import read_meta
+from retriever_server.options import LoadOptions
 from retriever_server.search_process import SearchProcess
 
 
@@ -30,7 +31,6 @@ def serve(
     cache_size: int = 100_000,
     port_file: Path | None = None,
     log_level: str = "warning",
-    threads: int | None = None,
     search_processes: int = 1,
 ) -> int:
     """Serve `index_dir` until interrupted; returns the process exit code."""
@@ -60,7 +60,6 @@ def serve(
                         index_dir,
                         load or LoadOptions(),
                         warm_up_depth=limits.topk_max,
-                        threads=threads,
                         on_exit=lambda reason: stop(RuntimeError(reason)),
                     )
                 )

@@ -40,7 +40,7 @@ def tiny_model(tiny_model_dir):
 @pytest.fixture(scope="session")
 def retriever_server():
     """Factory `retriever_server(index_dir, *serve_args) -> ServerProcess`; all stopped at session end."""
-    from retriever_server.process import ServerProcess, serve_command
+    from retriever_process import ServerProcess, serve_command
 
     started: list[ServerProcess] = []
 

@@ -32,8 +32,9 @@ from retriever_server.dense import (
     fits_on_gpus,
 )
 from retriever_server.encoders import BGE_QUERY_INSTRUCTION, PAD_MULTIPLE, Encoder, forward_fn, resolve_spec
-from retriever_server.index import LoadOptions, Searcher
+from retriever_server.index import Searcher
 from retriever_server.int8_check import WINDOW_WORDS, pseudo_query
+from retriever_server.options import LoadOptions
 from retriever_server.quantize import Int8Linear
 
 N_QUESTIONS, N_PASSAGES = 40, 300
@@ -360,9 +361,11 @@ def test_a_torch_index_served_on_missing_gpus_is_a_clear_error(torch_index):
 
 async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, subset, flat_index):
     """Also: the questions sent one per request, concurrently (so batched differently, cache off),
-    get the answers they got in one batch."""
+    get the answers they got in one batch; queries with no letter or digit get none, in any batch;
+    stopped, it leaves a clean log."""
     _, questions, kept = subset
-    url = retriever_server(flat_index, "--cache-size", "0").url
+    server = retriever_server(flat_index, "--cache-size", "0")
+    url = server.url
     health = httpx.get(f"{url}/health").json()
     assert health["index_type"] == "flat" and health["searched_by"] == "faiss on cpu"  # on a GPU: torch, if it fits
     body = {"queries": [q["question"] for q in questions], "topk": 5}
@@ -379,10 +382,14 @@ async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, 
         )
     for single, batched in zip(singles, result, strict=True):
         assert [hit["document"]["id"] for hit in single.json()["result"][0]] == [doc["id"] for doc in batched]
+    mixed = {"queries": ["", "?!", "   ", questions[0]["question"]], "topk": 5}  # nothing to search for: no hits
+    assert httpx.post(f"{url}/retrieve", json=mixed, timeout=120).json()["result"] == [[], [], [], result[0]]
     items = kept[::15]
     known = [row["contents"].split("\n", 1)[1][:200] for row in items]
     result = httpx.post(f"{url}/retrieve", json={"queries": known, "topk": 1}, timeout=120).json()["result"]
     assert np.mean([r[0]["id"] == row["id"] for r, row in zip(result, items, strict=True)]) >= 0.95
+    server.stop()  # a stopped server leaves nothing behind (no leaked semaphores from its search process)
+    assert not [line for line in server.log.read_text().splitlines() if "leaked" in line or "Traceback" in line]
 
 
 def test_a_prebuilt_faiss_without_vectors_needs_fp32_queries(tmp_path, subset, minilm_dir, torch_index):

@@ -53,11 +53,57 @@ def test_memsearcher_search_and_batch_search(bm25_url):
     docs = retrieve["result"][0]
     single = httpx.post(f"{bm25_url}/search", json={"query": "Pietro Germi film director", "top_n": 5}).json()
     assert single == docs
-    scored = httpx.post(f"{bm25_url}/search", json={"query": "Pietro Germi film director", "return_score": True})
-    assert [{k: v for k, v in d.items() if k != "score"} for d in scored.json()] == docs[:3]
-    assert all(isinstance(d["score"], float) for d in scored.json())
+    scored_docs, scores = httpx.post(f"{bm25_url}/search", json={"query": "Pietro Germi film director",
+                                                                 "top_n": 5, "return_score": True}).json()  # fmt: skip
+    assert scored_docs == docs and len(scores) == 5 and scores == sorted(scores, reverse=True)
     batch = httpx.post(f"{bm25_url}/batch_search", json={"query": ["Pietro Germi film director", "x"], "top_n": 5})
     assert batch.json()[0] == docs and len(batch.json()) == 2
+    scored_batch = {"query": ["Pietro Germi film director"], "top_n": 5, "return_score": True}
+    batch_docs, batch_scores = httpx.post(f"{bm25_url}/batch_search", json=scored_batch).json()
+    assert batch_docs == [docs] and batch_scores == [scores]
+
+
+def test_memsearcher_defaults_and_lax_arguments(bm25_url):
+    """MemSearcher's server: top_n 10 by default, pydantic's lax coercion, unknown keys ignored (and
+    counted), and here top_n clamped to 1..--topk-max (50)."""
+    query = "Pietro Germi film director"
+    ten = httpx.post(f"{bm25_url}/retrieve", json={"queries": [query], "topk": 50}).json()["result"][0]
+    before = httpx.get(f"{bm25_url}/stats").json()["ignored_keys"]
+    for body, expected in [
+        ({"query": query}, ten[:10]),
+        ({"query": query, "top_n": "5", "num_results": 3}, ten[:5]),
+        ({"query": query, "top_n": 5.0}, ten[:5]),
+        ({"query": query, "top_n": 0}, ten[:1]),
+        ({"query": query, "top_n": -4}, ten[:1]),
+        ({"query": query, "top_n": 100}, ten[:50]),
+        ({"query": query, "top_n": None}, ten[:10]),
+        ({"query": "   "}, []),
+    ]:
+        response = httpx.post(f"{bm25_url}/search", json=body)
+        assert response.status_code == 200 and response.json() == expected, body
+    assert httpx.post(f"{bm25_url}/batch_search", json={"query": [query, ""], "top_n": "2"}).json() == [ten[:2], []]
+    assert httpx.post(f"{bm25_url}/batch_search", json={"query": []}).json() == []
+    after = httpx.get(f"{bm25_url}/stats").json()["ignored_keys"]
+    assert after.get("num_results", 0) - before.get("num_results", 0) == 1
+
+
+def test_search_r1_defaults_and_lax_arguments(bm25_url):
+    """Search-R1's server: a falsy topk means its default (3), an empty batch an empty result."""
+    query = "Jeff Porcaro drummer Toto"
+    ten = httpx.post(f"{bm25_url}/retrieve", json={"queries": [query], "topk": 10}).json()["result"][0]
+    for body, expected in [
+        ({"queries": [query], "topk": 0}, [ten[:3]]),
+        ({"queries": [query], "topk": "4", "unknown": True}, [ten[:4]]),
+        ({"queries": [query], "topk": 51}, None),
+        ({"queries": [], "topk": 3, "return_scores": True}, []),
+        ({"queries": ["the", "", query]}, [[], [], ten[:3]]),
+    ]:
+        response = httpx.post(f"{bm25_url}/retrieve", json=body)
+        assert response.status_code == 200, body
+        if expected is not None:
+            assert response.json() == {"result": expected}, body
+        else:
+            assert len(response.json()["result"][0]) == 50
 
 
 def test_known_item_recall_at_1(bm25_url, corpus):
@@ -87,17 +133,16 @@ def test_supporting_passage_recall_on_multihop_questions(bm25_url, questions):
 @pytest.mark.parametrize(
     ("path", "body", "field"),
     [
-        ("/retrieve", {"queries": []}, "queries: empty"),
         ("/retrieve", {"queries": ["a"] * 1025}, "queries: 1025 queries, the limit is 1024"),
         ("/retrieve", {"queries": ["a", 3]}, "queries.1: Input should be a valid string"),
         ("/retrieve", {"queries": ["a" * 4097]}, "queries.0: 4097 characters"),
-        ("/retrieve", {"queries": ["a"], "topk": 51}, "topk: 51 is outside 1..50"),
-        ("/retrieve", {"queries": ["a"], "topk": 0}, "topk: 0 is outside"),
-        ("/retrieve", {"queries": ["a"], "topk": "3"}, "topk: Input should be a valid integer"),
-        ("/retrieve", {"queries": ["a"], "return_scores": "yes"}, "return_scores: Input should be a valid boolean"),
+        ("/retrieve", {"queries": ["a"], "topk": "three"}, "topk: Input should be a valid integer"),
+        ("/retrieve", {"queries": ["a"], "return_scores": "maybe"}, "return_scores: Input should be a valid boolean"),
+        ("/retrieve", {"queries": "a"}, "queries: Input should be a valid array"),
         ("/retrieve", {"query": ["a"]}, "queries: Field required"),
         ("/search", {"query": ["a"]}, "query: Input should be a valid string"),
-        ("/search", {"query": "a", "top_n": 100}, "top_n: 100 is outside"),
+        ("/search", {"query": "a", "top_n": "5.5"}, "top_n: Input should be a valid integer"),
+        ("/search", {"top_n": 5}, "query: Field required"),
         ("/batch_search", {"query": "a"}, "query: Input should be a valid array"),
     ],
 )
@@ -141,7 +186,8 @@ def test_bearer_token_is_required_when_configured(retriever_server, bm25_index_d
 def test_bm25_scores_are_lucenes_with_pyserinis_parameters(tmp_path):
     """Lucene's BM25, k1 = 0.9 and b = 0.4, worked by hand: after stop words and stemming the
     passages hold 3, 6, 5 and 2 terms (mean 4), and "cat" is in three of the four."""
-    from retriever_server.index import LoadOptions, Searcher, build_index
+    from retriever_server.index import Searcher, build_index
+    from retriever_server.options import LoadOptions
 
     texts = [
         "Cats chase mice",

@@ -1,0 +1,44 @@
+"""Build and serve options, shared by the CLI, the index and each kind's searcher. Plain data with
+no heavy import: a BM25 server reads them without loading torch or faiss."""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+QUANTIZE_CHOICES = ("none", "int8")  # how a CPU server runs the query encoder: fp32, or int8 (quantize.py)
+
+
+@dataclass
+class DenseOptions:
+    """Build options of `--kind dense`."""
+
+    encoder: str
+    family: str = "auto"
+    index_type: str = "flat"
+    prebuilt_faiss: Path | None = None
+    batch_size: int = 64
+    device: str | None = None
+    query_quantize: str = "int8"  # how a CPU server runs the query encoder (meta `query_quantize`)
+
+
+@dataclass
+class LoadOptions:
+    """Serve-time options: where to run the encoder and how hard approximate indexes search."""
+
+    device: str | None = None
+    quantize: str | None = None  # None: as the index's meta says ("none" for indexes built before it did)
+    query_batch_size: int | None = None  # None: 64 on CPU (fastest per query there), 256 on GPU
+    nprobe: int = 32
+    ef_search: int = 128
+    threads: int = 1  # per search process: torch, BLAS, faiss, numba and Lucene threads
+    bm25_backend: str = "auto"
+
+
+def default_threads(search_processes: int) -> int:
+    """Threads per search process unless `--threads` says otherwise: the cores this process may use,
+    less one for the HTTP side (and clients on the same machine), divided among the search processes.
+    A thread pool that asks for every core waits at each op for whichever of its threads another
+    process has preempted, so it must not count on the cores the HTTP side is using."""
+    return max(1, (len(os.sched_getaffinity(0)) - 1) // search_processes)
