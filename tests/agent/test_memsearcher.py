@@ -31,7 +31,9 @@ async def test_two_turns_flat_context_and_exact_tokens(run_ours, tokenizer):
     assert_model_saw_exactly(outputs, policy.calls)
 
     # Turn 0: system + question + empty memory, rendered by the chat template with the tool schema.
-    system = Prompts(build_settings("memsearcher", MemSearcherAgentLoop.default_tags, {"prompt_style": "ours"})).render("system")
+    system = Prompts(build_settings("memsearcher", MemSearcherAgentLoop.default_tags, {"prompt_style": "ours"})).render(
+        "system"
+    )
     first_user = f"<question> {QUESTION} </question>\n<memory>  </memory>\nTurns left, this one included: 4."
     messages = [{"role": "system", "content": system}, {"role": "user", "content": first_user}]
     expected_prompt = render(tokenizer, messages, add_generation_prompt=True)

@@ -38,7 +38,13 @@ def run_released(trainer_config, qwen_tokenizer, retriever_url):
 
     async def run(name, policy, question, **settings):
         loop = instantiate_agent_loop(
-            name, trainer_config, policy, qwen_tokenizer, hf_model_type="qwen2", retriever_urls=retriever_url, **settings
+            name,
+            trainer_config,
+            policy,
+            qwen_tokenizer,
+            hf_model_type="qwen2",
+            retriever_urls=retriever_url,
+            **settings,
         )
         row = {"raw_prompt": [{"role": "user", "content": question}], "extra_info": {"question": question}}
         return await loop.run(dict(VERL_SAMPLING), **row)
@@ -53,12 +59,17 @@ def expected_ids(tokenizer, style: str, pieces: list[str], text: str) -> list[in
 
 @pytest.mark.parametrize("style", STYLES)
 async def test_memsearcher_contexts_are_the_released_ones(run_released, qwen_tokenizer, style):
+    from verl_memagent.reward.scores import f1_with_format
+
     released = RELEASED["memsearcher"]
     inputs = released["inputs"]
-    answer = "<think> The memory says it. </think> \\boxed{Leda}" + EOS
+    answer = " The memory says it. </think> \\boxed{Leda}" + EOS
     policy = ScriptedPolicy(qwen_tokenizer, [inputs["action"] + EOS, inputs["memory_output"] + EOS, answer])
     outputs = await run_released("memsearcher", policy, inputs["question"], prompt_style=style, topk=inputs["topk"])
     assert outputs[-1].extra_fields["finish_reason"] == "answer" and len(policy.calls) == 3
+    # the reward sees the final turn opened by the prompt's <think>, as the released reward did
+    final = dict(outputs[-1].extra_fields)
+    assert f1_with_format("t", "", ["Leda"], final)["score"] == 1.0
     decode = lambda ids: qwen_tokenizer.decode(ids, skip_special_tokens=False)  # noqa: E731
 
     for call, turn in ((policy.calls[0], 0), (policy.calls[2], 1)):
@@ -110,7 +121,7 @@ async def test_mem1_released_rollout_checks_no_format(run_released, qwen_tokeniz
     assert ruled[-1].extra_fields["finish_reason"] == "no_state"
 
 
-MS_SEARCH = '<think> t </think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leda"}}</tool_call>' + EOS
+MS_SEARCH = ' t </think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leda"}}</tool_call>' + EOS
 
 
 @pytest.mark.parametrize(
@@ -120,11 +131,9 @@ MS_SEARCH = '<think> t </think><tool_call>{"name": "wikipedia_search", "argument
 async def test_memory_rewrite_cut_by_the_token_limit(run_released, qwen_tokenizer, mode, reason, penalised):
     """vllm_rollout_spmd.py:716-733: a rewrite that ends by length is not re-activated (`end`)."""
     rambling = "<memory>" + " ".join(f"w{i}" for i in range(80))
-    answer = "<think> t </think> \\boxed{Leda}" + EOS
+    answer = " t </think> \\boxed{Leda}" + EOS
     policy = ScriptedPolicy(qwen_tokenizer, [MS_SEARCH, rambling, answer])
-    outputs = await run_released(
-        "memsearcher", policy, QUESTION, topk=1, max_new_tokens=48, memory_overflow=mode
-    )
+    outputs = await run_released("memsearcher", policy, QUESTION, topk=1, max_new_tokens=48, memory_overflow=mode)
     final = outputs[-1].extra_fields
     assert (final["finish_reason"], final["penalised"]) == (reason, penalised)
     assert len(outputs) == (2 if mode == "truncate" else 1)
@@ -134,12 +143,14 @@ async def test_react_is_memsearchers_format_with_the_whole_history(run_released,
     """react differs from memsearcher only in its context: same tool call, documents, answer and reward."""
     from verl_memagent.reward.scores import memsearcher_format_ok
 
-    answer = "<think> It is the Leda. </think> \\boxed{Leda}" + EOS
+    answer = " It is the Leda. </think> \\boxed{Leda}" + EOS
     policy = ScriptedPolicy(qwen_tokenizer, [MS_SEARCH, MS_SEARCH, answer])
     output = await run_released("react", policy, QUESTION, topk=1)
     assert output.extra_fields["finish_reason"] == "answer" and output.extra_fields["searches"] == 2
     prompt = qwen_tokenizer.decode(output.prompt_ids, skip_special_tokens=False)
-    assert '"name": "wikipedia_search"' in prompt and prompt.endswith(f"{QUESTION}<|im_end|>\n<|im_start|>assistant\n<think>")
+    assert '"name": "wikipedia_search"' in prompt and prompt.endswith(
+        f"{QUESTION}<|im_end|>\n<|im_start|>assistant\n<think>"
+    )
     response = qwen_tokenizer.decode(output.response_ids, skip_special_tokens=False)
     tool_turn = '<|im_start|>user\n<tool_response>{"name": "wikipedia_search", "arguments": {"query": "Leda"}}\n"'
     assert response.count(tool_turn) == 2 and response.count("<|im_start|>assistant\n<think>") == 2

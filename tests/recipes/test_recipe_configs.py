@@ -233,7 +233,9 @@ def test_recipe_composes_to_the_released_settings(agent, prepared, tiny_model_di
 
 
 @pytest.mark.parametrize("size", ["3b", "7b"])
-def test_react_differs_from_memsearcher_only_in_context_management(size, prepared, tiny_model_dir, tokenizer, trainer_config):
+def test_react_differs_from_memsearcher_only_in_context_management(
+    size, prepared, tiny_model_dir, tokenizer, trainer_config
+):
     """The baseline comparison measures memory alone: same reward, optimisation, sampling, tool and limits.
 
     MEM1 is another paper's setting (PPO with a critic, multi-objective EM, its own format), compared

@@ -126,7 +126,9 @@ class Mem1AgentLoop(SearchAgentLoop):
             if self.style == "released_eval":  # the client sent the conversation as one text
                 prompt_ids = self.encode(self.chat_text(messages) + self.eval_text(generation) + observation)
             elif truncated:  # the next prompt holds the cut state, encoded; the sample keeps what was sampled
-                kept = f"<{tags['state']}>{state}</{tags['state']}>\n<{tags['search']}>{action.query}</{tags['search']}>"
+                kept = (
+                    f"<{tags['state']}>{state}</{tags['state']}>\n<{tags['search']}>{action.query}</{tags['search']}>"
+                )
                 prompt_ids = base_ids + self.encode(kept) + self.encode(observation)
             else:
                 prompt_ids = base_ids + self.kept_ids(generation) + self.encode(observation)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import re
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import register
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 
 from verl_memagent.agent.parsing import parse_memory, parse_tool_call_action
 from verl_memagent.agent.turns import Context, SearchAgentLoop, Trajectory
@@ -91,6 +91,16 @@ class ToolCallAgentLoop(SearchAgentLoop):
         pieces = re.split("(" + "|".join(map(re.escape, values)) + ")", text)
         return [token for piece in pieces if piece for token in self.encode(values.get(piece, piece))]
 
+    def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
+        """The outputs; released, `final_response` starts with the turn's opening `<think>` from the
+        prompt, as the text the released reward judged did (re_call.py:97-184)."""
+        outputs = super().outputs(trajectory)
+        if self.released:
+            prefix = self.prompts.render("generation_prefix")
+            for output in outputs:
+                output.extra_fields["final_response"] = prefix + output.extra_fields["final_response"]
+        return outputs
+
     def tool_messages(self, action_text: str, documents: str) -> list[dict]:
         """The messages after a search: one user turn with the tool response (released)."""
         call = extract_tag(action_text, self.tags["tool_call"]) or ""
@@ -118,7 +128,10 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
     def tool_messages(self, action_text: str, documents: str) -> list[dict]:
         if self.released:
             return super().tool_messages(action_text, documents)
-        return [{"role": "tool", "content": documents}, {"role": "user", "content": self.prompts.render("memory_update")}]
+        return [
+            {"role": "tool", "content": documents},
+            {"role": "user", "content": self.prompts.render("memory_update")},
+        ]
 
     async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
         max_turns, overflow_mode = self.settings.max_turns, self.settings.memory_overflow
@@ -150,6 +163,9 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
             if memory_gen is None:
                 return trajectory.finish("context_limit")
             new_memory, closed = parse_memory(memory_gen.text, self.tags["memory"])
+            if self.settings.prompt_style == "released_eval" and not (closed and new_memory):
+                memory = ""  # the released inference client goes on with an empty memory (memsearcher.py:245-310)
+                continue
             if not new_memory:  # the released code goes on only with a non-empty memory
                 return trajectory.finish("no_memory")
             memory, _, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
