@@ -141,7 +141,7 @@ async def test_memory_rewrite_cut_by_the_token_limit(run_released, qwen_tokenize
 
 async def test_react_is_memsearchers_format_with_the_whole_history(run_released, qwen_tokenizer):
     """react differs from memsearcher only in its context: same tool call, documents, answer and reward."""
-    from verl_memagent.reward.scores import memsearcher_format_ok
+    from verl_memagent.reward.scores import f1_with_format
 
     answer = " It is the Leda. </think> \\boxed{Leda}" + EOS
     policy = ScriptedPolicy(qwen_tokenizer, [MS_SEARCH, MS_SEARCH, answer])
@@ -156,4 +156,6 @@ async def test_react_is_memsearchers_format_with_the_whole_history(run_released,
     assert response.count(tool_turn) == 2 and response.count("<|im_start|>assistant\n<think>") == 2
     assert response.endswith(answer)
     # the released reward (re_call.py:97-184) judges the last assistant turn, as for memsearcher
-    assert memsearcher_format_ok(response.rsplit("<|im_start|>assistant\n", 1)[1].removesuffix(EOS))
+    last_turn = response.rsplit("<|im_start|>assistant\n", 1)[1].removesuffix(EOS)
+    assert output.extra_fields["final_response"] == last_turn
+    assert f1_with_format("t", "", ["Leda"], dict(output.extra_fields))["score"] == 1.0

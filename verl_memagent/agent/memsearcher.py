@@ -92,14 +92,18 @@ class ToolCallAgentLoop(SearchAgentLoop):
         return [token for piece in pieces if piece for token in self.encode(values.get(piece, piece))]
 
     def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
-        """The outputs; released, `final_response` starts with the turn's opening `<think>` from the
-        prompt, as the text the released reward judged did (re_call.py:97-184)."""
+        """The outputs; released, `final_response` is the final assistant turn opened by the prompt's
+        `<think>`: the text the released reward judged (re_call.py:97-184)."""
         outputs = super().outputs(trajectory)
         if self.released:
-            prefix = self.prompts.render("generation_prefix")
+            final = self.prompts.render("generation_prefix") + self.final_turn_text(outputs[-1])
             for output in outputs:
-                output.extra_fields["final_response"] = prefix + output.extra_fields["final_response"]
+                output.extra_fields["final_response"] = final
         return outputs
+
+    def final_turn_text(self, final_output: AgentLoopOutput) -> str:
+        """The text of the final assistant turn: the whole response of the last context."""
+        return final_output.extra_fields["final_response"]
 
     def tool_messages(self, action_text: str, documents: str) -> list[dict]:
         """The messages after a search: one user turn with the tool response (released)."""

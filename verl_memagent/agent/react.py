@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import register
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput, register
 
 from verl_memagent.agent.memsearcher import ToolCallAgentLoop
 from verl_memagent.agent.parsing import Action, parse_tag_action, parse_tool_call_action
@@ -34,6 +34,8 @@ class ReactAgentLoop(ToolCallAgentLoop):
         "information": "information",
     }
     one_output_per_context = False
+    #: the text of the latest generate call: the final assistant turn once the trajectory ends
+    last_text = ""
 
     def parse(self, text: str) -> Action:
         if self.released:
@@ -54,6 +56,7 @@ class ReactAgentLoop(ToolCallAgentLoop):
             generation = await self.generate(context, sampling_params)
             if generation is None:
                 return trajectory.finish("context_limit")
+            self.last_text = generation.text
             action = self.parse(generation.text)
             if action.kind == "answer":
                 return trajectory.finish("answer")
@@ -64,6 +67,10 @@ class ReactAgentLoop(ToolCallAgentLoop):
             documents = await self.search(context, action.query)
             if not await self.add_tool_response(context, generation.text, documents, last_turn=turn + 2 == max_turns):
                 return trajectory.finish("context_limit")
+
+    def final_turn_text(self, final_output: AgentLoopOutput) -> str:
+        """The last assistant turn only: the whole history holds earlier turns' tool calls."""
+        return self.last_text
 
     async def add_tool_response(self, context: Context, action_text: str, documents: str, last_turn: bool) -> bool:
         """Append the tool response (masked); released: as a user turn, then the next `<think>` opening."""
