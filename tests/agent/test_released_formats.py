@@ -148,6 +148,7 @@ async def test_react_is_memsearchers_format_with_the_whole_history(run_released,
     output = await run_released("react", policy, QUESTION, topk=1)
     assert output.extra_fields["finish_reason"] == "answer" and output.extra_fields["searches"] == 2
     prompt = qwen_tokenizer.decode(output.prompt_ids, skip_special_tokens=False)
+    assert output.prompt_ids == qwen_tokenizer.encode(prompt, add_special_tokens=False)  # the text, encoded whole
     assert '"name": "wikipedia_search"' in prompt and prompt.endswith(
         f"{QUESTION}<|im_end|>\n<|im_start|>assistant\n<think>"
     )

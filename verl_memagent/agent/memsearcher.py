@@ -84,12 +84,12 @@ class ToolCallAgentLoop(SearchAgentLoop):
         whole text.
         """
         text = self.chat_text(messages, tools=self.tools) + self.prompts.render("generation_prefix")
-        if self.settings.prompt_style == "released_eval":
-            for stand_in, value in values.items():
-                text = text.replace(stand_in, value)
-            return self.encode(text)
-        pieces = re.split("(" + "|".join(map(re.escape, values)) + ")", text)
-        return [token for piece in pieces if piece for token in self.encode(values.get(piece, piece))]
+        if self.settings.prompt_style == "released_train" and values:
+            pieces = re.split("(" + "|".join(map(re.escape, values)) + ")", text)
+            return [token for piece in pieces if piece for token in self.encode(values.get(piece, piece))]
+        for stand_in, value in values.items():
+            text = text.replace(stand_in, value)
+        return self.encode(text)
 
     def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
         """The outputs; released, `final_response` is the final assistant turn opened by the prompt's
