@@ -71,17 +71,17 @@ class Mem1AgentLoop(SearchAgentLoop):
     def kept_ids(self, generation: Generation) -> list[int]:
         """The generated ids the next context keeps: from the first `<think>` on (released), or all.
 
-        The sampled ids are cut, never re-encoded, at the first token whose decoded prefix reaches
-        the tag; a tag that starts inside a token keeps that whole token.
+        The sampled ids are cut, never re-encoded, at the token holding the tag's first character; a
+        tag that starts inside a token keeps that whole token.
         """
-        opening = f"<{self.tags['state']}>"
-        start = generation.text.find(opening)
+        ids = list(generation.token_ids)
+        start = generation.text.find(f"<{self.tags['state']}>")
         if self.style == "ours" or start <= 0:
-            return list(generation.token_ids)
-        for cut in range(len(generation.token_ids), -1, -1):
-            if len(self.tokenizer.decode(generation.token_ids[:cut], skip_special_tokens=True)) <= start:
-                return list(generation.token_ids[cut:])
-        return list(generation.token_ids)
+            return ids
+        for cut in range(len(ids)):
+            if len(self.tokenizer.decode(ids[: cut + 1], skip_special_tokens=True)) > start:
+                return ids[cut:]
+        return ids
 
     def eval_text(self, generation: Generation) -> str:
         """The response as the released inference client carried it: stripped, its stop tag re-added."""
