@@ -4,7 +4,7 @@ import asyncio
 import socket
 
 import pytest
-from agent_helpers import assert_model_saw_exactly
+from agent_helpers import OURS, assert_model_saw_exactly
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -144,12 +144,14 @@ FRAGMENTS = [
 
 @given(
     agent=st.sampled_from(["memsearcher", "mem1", "react"]),
+    style=st.sampled_from(["released_train", "released_eval", "ours"]),
     texts=st.lists(st.lists(st.sampled_from(FRAGMENTS), max_size=12).map("".join), min_size=8, max_size=8),
 )
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-async def test_random_outputs_never_escape_run(run_ours, tokenizer, agent, texts):
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+async def test_random_outputs_never_escape_run(run_agent, tokenizer, agent, style, texts):
     policy = ScriptedPolicy(tokenizer, texts)
-    outputs = await run_ours(agent, policy, max_turns=3, max_new_tokens=48)
+    settings = OURS[agent] if style == "ours" else {"prompt_style": style}
+    outputs = await run_agent(agent, policy, **{**settings, "max_turns": 3, "max_new_tokens": 48})
     outputs = outputs if isinstance(outputs, list) else [outputs]
     assert outputs[-1].extra_fields["finish_reason"]
     assert_model_saw_exactly(outputs, policy.calls)
