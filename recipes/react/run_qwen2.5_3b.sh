@@ -1,15 +1,11 @@
 #!/usr/bin/env bash
-# ReAct baseline (history concatenation), Qwen2.5-3B-Instruct, one node of 8 GPUs.
-# Extra hydra overrides on the command line are appended.
+# ReAct baseline, Qwen2.5-3B-Instruct: the MemSearcher recipe (same reward, optimisation, sampling, tool,
+# documents and turn limit) with the react agent, whose whole history stays in one context and so
+# needs a longer response; nothing else differs (docs/fidelity.md, tests/recipes).
+# Data: `verl-memagent prepare --agent react ...` (the rows name the agent). Extra hydra overrides are appended.
 set -euo pipefail
-source "$(dirname "$0")/../common/launch.sh"
-
-MODEL_PATH=${MODEL_PATH:-Qwen/Qwen2.5-3B-Instruct}
-DATA_DIR=${DATA_DIR:-$HOME/data/react}
-
-OVERRIDES=(
-  actor_rollout_ref.rollout.tensor_model_parallel_size=1
-  actor_rollout_ref.actor.ppo_max_token_len_per_gpu=24576
-  trainer.experiment_name=react-qwen2.5-3b
-)
-launch_main_ppo "$RECIPES_DIR/react/config" react "${OVERRIDES[@]}" "$@"
+DATA_DIR=${DATA_DIR:-$HOME/data/react} exec "$(dirname "$0")/../memsearcher/run_qwen2.5_3b.sh" \
+  actor_rollout_ref.rollout.agent.default_agent_loop=react \
+  data.max_response_length=12288 \
+  trainer.experiment_name=react-qwen2.5-3b \
+  "$@"

@@ -4,6 +4,22 @@ import pytest
 
 QUESTION = "What river runs past the town of Leer?"
 
+#: the project's own format and rules (`prompt_style: ours`) with the limits the tests of that format
+#: were written for; the released formats are tested in test_released_formats.py
+OURS = {
+    "memsearcher": {"prompt_style": "ours", "memory_overflow": "truncate", "topk": 5, "observation_max_tokens": 1024},
+    "mem1": {
+        "prompt_style": "ours",
+        "memory_overflow": "truncate",
+        "require_state": True,
+        "tags": {"state": "IS"},
+        "max_new_tokens": 512,
+        "memory_max_tokens": 1024,
+        "observation_max_tokens": 1024,
+    },
+    "react": {"prompt_style": "ours", "topk": 3, "observation_max_tokens": 1024},
+}
+
 #: sampling parameters exactly as verl's AgentLoopWorker builds them for a training rollout
 VERL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 

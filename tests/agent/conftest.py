@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from agent_helpers import QUESTION, VERL_SAMPLING
+from agent_helpers import OURS, QUESTION, VERL_SAMPLING
 
 
 @pytest.fixture(scope="session")
@@ -42,5 +42,15 @@ def run_agent(trainer_config, tokenizer, retriever_url):
             "global_steps": 1,
         }
         return await loop.run(dict(VERL_SAMPLING), **row)
+
+    return run
+
+
+@pytest.fixture
+def run_ours(run_agent):
+    """`run_agent` with the project's own format (`prompt_style: ours`); given settings still win."""
+
+    async def run(name, policy, **settings):
+        return await run_agent(name, policy, **{**OURS[name], **settings})
 
     return run

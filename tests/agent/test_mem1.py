@@ -9,9 +9,9 @@ TURN1 = "<IS>Leer is on a river; which one?</IS><search>Leda river Leer</search>
 TURN2 = "<IS>Leer lies on the Leda.</IS><answer>Leda</answer>"
 
 
-async def test_each_context_drops_everything_but_the_latest_turn(run_agent, tokenizer):
+async def test_each_context_drops_everything_but_the_latest_turn(run_ours, tokenizer):
     policy = ScriptedPolicy(tokenizer, [TURN0, TURN1, TURN2])
-    outputs = await run_agent("mem1", policy, max_turns=4, topk=2)
+    outputs = await run_ours("mem1", policy, max_turns=4, topk=2)
     assert [o.extra_fields["turn_index"] for o in outputs] == [0, 1, 2]
     assert outputs[-1].extra_fields["finish_reason"] == "answer"
     assert_model_saw_exactly(outputs, policy.calls)
@@ -35,17 +35,17 @@ async def test_each_context_drops_everything_but_the_latest_turn(run_agent, toke
     assert [o.extra_fields["memory_tokens"] for o in outputs] == [0, *written]
 
 
-async def test_last_turn_hint_and_forcing(run_agent, tokenizer):
+async def test_last_turn_hint_and_forcing(run_ours, tokenizer):
     policy = ScriptedPolicy(tokenizer, [TURN0, TURN1])
-    outputs = await run_agent("mem1", policy, max_turns=2)
+    outputs = await run_ours("mem1", policy, max_turns=2)
     assert tokenizer.decode(outputs[1].prompt_ids).rstrip().endswith("This is your last turn: answer now.")
     assert outputs[-1].extra_fields["finish_reason"] == "max_turns" and outputs[-1].extra_fields["searches"] == 0
 
 
-async def test_overlong_state_is_cut_in_the_next_prompt_but_kept_in_the_sample(run_agent, tokenizer):
+async def test_overlong_state_is_cut_in_the_next_prompt_but_kept_in_the_sample(run_ours, tokenizer):
     state = " ".join(f"note{i}" for i in range(30))
     policy = ScriptedPolicy(tokenizer, [f"<IS>{state}</IS><search>Leer</search>", TURN2])
-    outputs = await run_agent("mem1", policy, memory_max_tokens=5)
+    outputs = await run_ours("mem1", policy, memory_max_tokens=5)
     assert outputs[0].response_ids == policy.calls[0]["token_ids"]  # sampled ids stay whole
     assert outputs[0].extra_fields["memory_truncated"] is True and outputs[1].extra_fields["memory_tokens"] == 5
     cut = tokenizer.decode(tokenizer.encode(state)[:5])
@@ -54,12 +54,12 @@ async def test_overlong_state_is_cut_in_the_next_prompt_but_kept_in_the_sample(r
     )
 
 
-async def test_multi_objective_answer_scores_per_objective(run_agent, tokenizer):
+async def test_multi_objective_answer_scores_per_objective(run_ours, tokenizer):
     from verl_memagent.reward.scores import multi_objective_em
 
     question = "Answer the following questions: Where is Leer?; Which river runs past Leer?"
     policy = ScriptedPolicy(tokenizer, ["<IS>Both known.</IS><answer>Lower Saxony; Leda</answer>"])
-    outputs = await run_agent("mem1", policy, question=question)
+    outputs = await run_ours("mem1", policy, question=question)
     text = tokenizer.decode(outputs[-1].response_ids, skip_special_tokens=True)
     golds = [["Lower Saxony", "Germany"], ["Leda", "Leda river"]]
     assert multi_objective_em("mo", text, golds, dict(outputs[-1].extra_fields))["score"] == 2.0

@@ -21,9 +21,9 @@ def render(tokenizer, messages, **kwargs):
     return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)
 
 
-async def test_two_turns_flat_context_and_exact_tokens(run_agent, tokenizer):
+async def test_two_turns_flat_context_and_exact_tokens(run_ours, tokenizer):
     policy = ScriptedPolicy(tokenizer, [SEARCH, MEMORY, ANSWER])
-    outputs = await run_agent("memsearcher", policy, max_turns=4, topk=2)
+    outputs = await run_ours("memsearcher", policy, max_turns=4, topk=2)
 
     assert [o.extra_fields["turn_index"] for o in outputs] == [0, 1]
     assert len({o.extra_fields["trajectory_id"] for o in outputs}) == 1
@@ -31,7 +31,9 @@ async def test_two_turns_flat_context_and_exact_tokens(run_agent, tokenizer):
     assert_model_saw_exactly(outputs, policy.calls)
 
     # Turn 0: system + question + empty memory, rendered by the chat template with the tool schema.
-    system = Prompts(build_settings("memsearcher", MemSearcherAgentLoop.default_tags, {})).render("system")
+    system = Prompts(build_settings("memsearcher", MemSearcherAgentLoop.default_tags, {"prompt_style": "ours"})).render(
+        "system"
+    )
     first_user = f"<question> {QUESTION} </question>\n<memory>  </memory>\nTurns left, this one included: 4."
     messages = [{"role": "system", "content": system}, {"role": "user", "content": first_user}]
     expected_prompt = render(tokenizer, messages, add_generation_prompt=True)
@@ -58,18 +60,18 @@ async def test_two_turns_flat_context_and_exact_tokens(run_agent, tokenizer):
     )
 
 
-async def test_sampling_params_carry_stops_and_per_call_cap(run_agent, tokenizer):
+async def test_sampling_params_carry_stops_and_per_call_cap(run_ours, tokenizer):
     policy = ScriptedPolicy(tokenizer, [ANSWER])
-    await run_agent("memsearcher", policy, max_new_tokens=64)
+    await run_ours("memsearcher", policy, max_new_tokens=64)
     params = policy.calls[0]["sampling_params"]
     assert params["stop"] == ["</tool_call>", "</memory>"]
     assert params["max_tokens"] == 64
     assert params["temperature"] == 1.0 and params["logprobs"] is True
 
 
-async def test_last_turn_must_answer(run_agent, tokenizer):
+async def test_last_turn_must_answer(run_ours, tokenizer):
     policy = ScriptedPolicy(tokenizer, [SEARCH, MEMORY, SEARCH])
-    outputs = await run_agent("memsearcher", policy, max_turns=2)
+    outputs = await run_ours("memsearcher", policy, max_turns=2)
     assert len(outputs) == 2
     assert "This is your last turn" in tokenizer.decode(outputs[1].prompt_ids)
     assert outputs[-1].extra_fields["finish_reason"] == "max_turns"
@@ -77,10 +79,10 @@ async def test_last_turn_must_answer(run_agent, tokenizer):
     assert outputs[-1].response_mask == [1] * len(outputs[-1].response_ids)
 
 
-async def test_memory_over_cap_is_truncated(run_agent, tokenizer):
+async def test_memory_over_cap_is_truncated(run_ours, tokenizer):
     long_memory = "<memory>" + " ".join(f"fact{i}" for i in range(40)) + "</memory>"
     policy = ScriptedPolicy(tokenizer, [SEARCH, long_memory, ANSWER])
-    outputs = await run_agent("memsearcher", policy, memory_max_tokens=8)
+    outputs = await run_ours("memsearcher", policy, memory_max_tokens=8)
     assert outputs[0].extra_fields["memory_truncated"] is True
     assert outputs[1].extra_fields["memory_tokens"] == 8
     kept = tokenizer.decode(tokenizer.encode(" ".join(f"fact{i}" for i in range(40)))[:8])
@@ -88,12 +90,12 @@ async def test_memory_over_cap_is_truncated(run_agent, tokenizer):
     assert outputs[-1].extra_fields["finish_reason"] == "answer"
 
 
-async def test_memory_over_cap_with_penalty_ends_and_scores_zero(run_agent, tokenizer):
+async def test_memory_over_cap_with_penalty_ends_and_scores_zero(run_ours, tokenizer):
     from verl_memagent.reward.scores import f1_with_format
 
     long_memory = "<memory>" + " ".join(f"fact{i}" for i in range(40)) + "</memory>"
     policy = ScriptedPolicy(tokenizer, [SEARCH, long_memory])
-    outputs = await run_agent("memsearcher", policy, memory_max_tokens=8, memory_overflow="penalty")
+    outputs = await run_ours("memsearcher", policy, memory_max_tokens=8, memory_overflow="penalty")
     final = outputs[-1].extra_fields
     assert len(outputs) == 1 and final["finish_reason"] == "memory_overflow" and final["penalised"] is True
     text = tokenizer.decode(outputs[-1].response_ids, skip_special_tokens=True)

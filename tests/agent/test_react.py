@@ -11,9 +11,9 @@ TURNS = [
 ]
 
 
-async def test_history_accumulates_in_one_context(run_agent, tokenizer):
+async def test_history_accumulates_in_one_context(run_ours, tokenizer):
     policy = ScriptedPolicy(tokenizer, TURNS)
-    output = await run_agent("react", policy, max_turns=3, topk=1)
+    output = await run_ours("react", policy, max_turns=3, topk=1)
     assert not isinstance(output, list)
     assert output.extra_fields["turn_index"] == 0 and output.extra_fields["num_contexts"] == 1
     assert output.extra_fields["finish_reason"] == "answer" and output.extra_fields["searches"] == 2
@@ -27,10 +27,10 @@ async def test_history_accumulates_in_one_context(run_agent, tokenizer):
     assert output.extra_fields["prefill_tokens"] == sum(len(c["prompt_ids"]) for c in policy.calls)
 
 
-async def test_context_cap_ends_the_trajectory(run_agent, tokenizer):
+async def test_context_cap_ends_the_trajectory(run_ours, tokenizer):
     policy = ScriptedPolicy(tokenizer, TURNS)
     cap = 360
-    output = await run_agent("react", policy, max_turns=5, topk=3, context_max_tokens=cap)
+    output = await run_ours("react", policy, max_turns=5, topk=3, context_max_tokens=cap)
     assert output.extra_fields["finish_reason"] == "context_limit"
     assert len(output.prompt_ids) + len(output.response_ids) <= cap
     assert output.response_mask[-1] == 1  # the observation that did not fit was not appended

@@ -45,7 +45,7 @@ def test_shipped_yaml_is_what_verls_worker_loads(monkeypatch, trainer_config, to
         loop = asyncio.run(build(entry))
         assert loop.settings.retriever_urls == ["http://127.0.0.1:9/", "http://127.0.0.1:10/"]
         assert loop.context_cap == 4096 + 2048  # verl's rollout prompt_length + response_length
-    assert loop.settings.max_turns == 5 and loop.settings.topk == 3
+    assert loop.settings.max_turns == 5 and loop.settings.topk == 10  # react: MemSearcher's released values
 
 
 async def test_tags_and_prompts_are_configurable(run_agent, tokenizer):

@@ -4,7 +4,7 @@ import asyncio
 import socket
 
 import pytest
-from agent_helpers import assert_model_saw_exactly
+from agent_helpers import OURS, assert_model_saw_exactly
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
@@ -44,11 +44,11 @@ ANSWER = "<think>t</think>\\boxed{Leda}" + EOS
         ("react", ["<think>t</think>" + EOS], "no_action", 1),
     ],
 )
-async def test_malformed_output_ends_with_its_reason(run_agent, tokenizer, agent, script, reason, contexts):
+async def test_malformed_output_ends_with_its_reason(run_ours, tokenizer, agent, script, reason, contexts):
     from verl_memagent.reward.scores import exact_match_score
 
     policy = ScriptedPolicy(tokenizer, script)
-    outputs = await run_agent(agent, policy)
+    outputs = await run_ours(agent, policy)
     outputs = outputs if isinstance(outputs, list) else [outputs]
     assert len(outputs) == contexts and len(policy.calls) == len(script)
     assert {o.extra_fields["finish_reason"] for o in outputs} == {reason}
@@ -57,12 +57,12 @@ async def test_malformed_output_ends_with_its_reason(run_agent, tokenizer, agent
     assert exact_match_score("t", "", ["Leda"], dict(final.extra_fields))["score"] == 0.0
 
 
-async def test_memory_cut_by_the_token_limit(run_agent, tokenizer):
+async def test_memory_cut_by_the_token_limit(run_ours, tokenizer):
     rambling = "<memory>" + " ".join(f"w{i}" for i in range(50))
-    kept = await run_agent("memsearcher", ScriptedPolicy(tokenizer, [SEARCH, rambling, ANSWER]), max_new_tokens=64)
+    kept = await run_ours("memsearcher", ScriptedPolicy(tokenizer, [SEARCH, rambling, ANSWER]), max_new_tokens=64)
     assert kept[-1].extra_fields["finish_reason"] == "answer"
     assert "<memory> w0 w1" in tokenizer.decode(kept[1].prompt_ids)
-    penalised = await run_agent(
+    penalised = await run_ours(
         "memsearcher", ScriptedPolicy(tokenizer, [SEARCH, rambling]), max_new_tokens=64, memory_overflow="penalty"
     )
     assert penalised[-1].extra_fields["finish_reason"] == "memory_overflow" and penalised[-1].extra_fields["penalised"]
@@ -81,9 +81,9 @@ class StopServerAt(ScriptedPolicy):
         return await super().generate(request_id, **kwargs)
 
 
-async def test_retriever_down_mid_trajectory(run_agent, tokenizer, own_retriever):
+async def test_retriever_down_mid_trajectory(run_ours, tokenizer, own_retriever):
     policy = StopServerAt(tokenizer, [SEARCH, MEMORY, SEARCH, MEMORY, ANSWER], own_retriever, at_call=2)
-    outputs = await run_agent(
+    outputs = await run_ours(
         "memsearcher", policy, retriever_urls=own_retriever.url, retriever_max_retries=1, retriever_backoff_s=0.01
     )
     assert [o.extra_fields["retriever_errors"] for o in outputs] == [0, 1, 0]
@@ -93,7 +93,7 @@ async def test_retriever_down_mid_trajectory(run_agent, tokenizer, own_retriever
     assert_model_saw_exactly(outputs, policy.calls)
 
 
-async def test_retriever_timeout_becomes_an_observation(run_agent, tokenizer):
+async def test_retriever_timeout_becomes_an_observation(run_ours, tokenizer):
     silent = socket.socket()  # accepts connections (backlog) and never answers
     silent.bind(("127.0.0.1", 0))
     silent.listen(8)
@@ -101,7 +101,7 @@ async def test_retriever_timeout_becomes_an_observation(run_agent, tokenizer):
     try:
         policy = ScriptedPolicy(tokenizer, ["<search>Leda</search>", "<answer>Leda</answer>"])
         output = await asyncio.wait_for(
-            run_agent("react", policy, retriever_urls=url, retriever_timeout_s=0.3, retriever_max_retries=0),
+            run_ours("react", policy, retriever_urls=url, retriever_timeout_s=0.3, retriever_max_retries=0),
             timeout=30,
         )
     finally:
@@ -144,19 +144,21 @@ FRAGMENTS = [
 
 @given(
     agent=st.sampled_from(["memsearcher", "mem1", "react"]),
+    style=st.sampled_from(["released_train", "released_eval", "ours"]),
     texts=st.lists(st.lists(st.sampled_from(FRAGMENTS), max_size=12).map("".join), min_size=8, max_size=8),
 )
-@settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
-async def test_random_outputs_never_escape_run(run_agent, tokenizer, agent, texts):
+@settings(max_examples=40, deadline=None, suppress_health_check=list(HealthCheck))
+async def test_random_outputs_never_escape_run(run_agent, tokenizer, agent, style, texts):
     policy = ScriptedPolicy(tokenizer, texts)
-    outputs = await run_agent(agent, policy, max_turns=3, max_new_tokens=48)
+    settings = OURS[agent] if style == "ours" else {"prompt_style": style}
+    outputs = await run_agent(agent, policy, **{**settings, "max_turns": 3, "max_new_tokens": 48})
     outputs = outputs if isinstance(outputs, list) else [outputs]
     assert outputs[-1].extra_fields["finish_reason"]
     assert_model_saw_exactly(outputs, policy.calls)
 
 
-async def test_empty_generation_still_gives_verl_a_response_token(run_agent, tokenizer):
-    output = await run_agent("react", ScriptedPolicy(tokenizer, [""]))
+async def test_empty_generation_still_gives_verl_a_response_token(run_ours, tokenizer):
+    output = await run_ours("react", ScriptedPolicy(tokenizer, [""]))
     assert output.extra_fields["finish_reason"] == "no_action"
     assert output.response_ids == [tokenizer.convert_tokens_to_ids("<|im_end|>")] and output.response_mask == [0]
     assert output.as_dict()["responses"].shape == (1,)  # verl's TransferQueue conversion works

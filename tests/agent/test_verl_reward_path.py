@@ -43,25 +43,25 @@ async def score_with_verl(config, tokenizer, outputs, function_name, ground_trut
     return outputs[-1]
 
 
-async def test_memsearcher_list_scored_on_its_final_output(run_agent, tokenizer, reward_config):
-    outputs = await run_agent("memsearcher", ScriptedPolicy(tokenizer, [SEARCH, MEMORY, ANSWER]), topk=5)
+async def test_memsearcher_list_scored_on_its_final_output(run_ours, tokenizer, reward_config):
+    outputs = await run_ours("memsearcher", ScriptedPolicy(tokenizer, [SEARCH, MEMORY, ANSWER]), topk=5)
     assert len(outputs[0].response_ids) + len(outputs[0].prompt_ids) > len(outputs[1].response_ids)
     final = await score_with_verl(reward_config, tokenizer, outputs, "f1_with_format", ["Leda"])
     assert final.reward_score == 1.0 and final.extra_fields["reward_extra_info"]["format_ok"] == 1.0
 
 
-async def test_mem1_multi_objective_scored_by_verl(run_agent, tokenizer, reward_config):
+async def test_mem1_multi_objective_scored_by_verl(run_ours, tokenizer, reward_config):
     script = [
         "<IS>s</IS><search>Leer</search>",
         "<IS>Leer, Lower Saxony, on the Leda.</IS><answer>Lower Saxony; Leda</answer>",
     ]
-    outputs = await run_agent("mem1", ScriptedPolicy(tokenizer, script), topk=5)
+    outputs = await run_ours("mem1", ScriptedPolicy(tokenizer, script), topk=5)
     final = await score_with_verl(reward_config, tokenizer, outputs, "multi_objective_em", [["Lower Saxony"], ["Leda"]])
     assert final.reward_score == 2.0
 
 
-async def test_react_single_output_scored_by_verl(run_agent, tokenizer, reward_config):
-    output = await run_agent("react", ScriptedPolicy(tokenizer, ["<search>Leer</search>", "<answer>Leda</answer>"]))
+async def test_react_single_output_scored_by_verl(run_ours, tokenizer, reward_config):
+    output = await run_ours("react", ScriptedPolicy(tokenizer, ["<search>Leer</search>", "<answer>Leda</answer>"]))
     final = await score_with_verl(reward_config, tokenizer, [output], "exact_match_score", ["Leda"])
     assert final.reward_score == 1.0
 

@@ -74,3 +74,25 @@ async def test_unknown_sampling_params_are_refused(server):
             await client.generate("r0", prompt_ids=[1, 2], sampling_params={"best_of": 2})
     finally:
         await client.aclose()
+
+
+def test_released_checkpoint_format_through_the_server(run_eval_cli, server, tiny_model_dir, tokenizer):
+    """A released checkpoint is scored in its inference format: `--set prompt_style=released_eval`.
+
+    Each turn's prompt is the released client's text encoded whole, as SGLang encoded it for
+    MemSearcher's checkpoints (tests/agent/test_released_formats.py checks the text token for token).
+    """
+    from verl_memagent.agent.settings import default_prompts
+
+    args = ("--server", f"{server.url}/v1", "--tokenizer", str(tiny_model_dir))
+    _, summary, examples = run_eval_cli(*args, "--set", "memsearcher.prompt_style=released_eval", concurrency=4)
+    system = default_prompts("memsearcher", "released_eval")["system"]
+    released = [e for e in examples if e["agent"] == "memsearcher"]
+    assert released
+    for example in released:
+        user = f"<question> {example['question']} </question>\n\n<memory>  </memory>"
+        messages = [{"role": "system", "content": system}, {"role": "user", "content": user}]
+        text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True) + "<think>"
+        first = example["contexts"][0]
+        assert first["prompt_text"] == text
+        assert first["prompt_ids"] == tokenizer.encode(text, add_special_tokens=False)

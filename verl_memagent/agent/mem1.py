@@ -1,11 +1,18 @@
 """MEM1: each turn the model consolidates everything it needs into an internal state, then acts.
 
 Turn t's context: the rendered user prompt with the question, then (t > 0) the previous turn's
-generated tokens exactly as sampled (`<IS> state </IS>` + `<search> q </search>`) and the
-observation `<information> docs </information>` with a "k turns left" hint. Everything older is
-dropped. The model writes a new `<IS>` and then `<search>` or `<answer>`; multi-objective answers
-list one answer per question separated by `;`. One context = one training sample whose response is
-the turn's generated tokens only (the observation belongs to the next context's prompt).
+generated tokens (`<think> state </think>` + `<search> q </search>`) and the observation
+`<information> docs </information>` with a turns-left hint. Everything older is dropped. The model
+writes a new state and then `<search>` or `<answer>`; multi-objective answers list one answer per
+question separated by `;`. One context = one training sample whose response is the turn's generated
+tokens only (the observation belongs to the next context's prompt).
+
+The released code writes the state in `<think>` (the paper: `<IS>`; `tags: {state: IS}` renames it)
+and checks no format during rollout; `require_state` adds our rule that a turn without a state ends
+the trajectory. `released_train` carries the previous turn from its `<think>` onward, as sampled
+(Mem1/train/rollout/llm_agent/generation_think.py:241-249); `released_eval` renders each context
+as text and encodes it whole, as the released inference client did for the released checkpoint
+(Mem1/inference/models.py:63-89, data_pipelines.py:125-177).
 """
 
 from __future__ import annotations
@@ -13,14 +20,38 @@ from __future__ import annotations
 from typing import Any
 
 from verl_memagent.agent.parsing import parse_tag_action
-from verl_memagent.agent.turns import Context, SearchAgentLoop, Trajectory
+from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, Trajectory
+from verl_memagent.data.compose import TASK_PREFIX
 from verl_memagent.reward.answers import extract_tag
+from verl_memagent.search import Document
+
+
+def released_documents(documents: list[Document]) -> str:
+    """MEM1's (and Search-R1's) passages: `Doc i(Title: "t") text` lines, each ending in a newline.
+
+    The released client keeps the first line of wiki-18 `contents`, quotes included, as the title
+    (generation_think.py:692-701, inference/data_pipelines.py:24-31).
+    """
+    return "".join(f'Doc {i}(Title: "{doc.title}") {doc.text}\n' for i, doc in enumerate(documents, start=1))
+
+
+def released_question(question: str) -> str:
+    """The questions as the released prompt lists them: without our task prefix, each ending in '?'."""
+    question = question.removeprefix(TASK_PREFIX)
+    return question if question.endswith("?") else question + "?"
 
 
 class Mem1AgentLoop(SearchAgentLoop):
     agent = "mem1"
     stop_tags = ("search", "answer")
-    default_tags = {"state": "IS", "search": "search", "answer": "answer", "information": "information"}
+    default_tags = {"state": "think", "search": "search", "answer": "answer", "information": "information"}
+
+    @property
+    def style(self) -> str:
+        return self.settings.prompt_style
+
+    def format_documents(self, documents: list[Document]) -> str:
+        return super().format_documents(documents) if self.style == "ours" else released_documents(documents)
 
     def state_of(self, text: str) -> tuple[str | None, str]:
         """The internal state written before the action, or (None, reason) when there is none."""
@@ -34,14 +65,38 @@ class Mem1AgentLoop(SearchAgentLoop):
         )
         return (state, "") if text.find(f"</{tag}>") < action_start else (None, "no_state")
 
+    def kept_ids(self, generation: Generation) -> list[int]:
+        """The generated ids the next context keeps: from the first `<think>` on (released), or all.
+
+        The sampled ids are cut, never re-encoded, at the token holding the tag's first character; a
+        tag that starts inside a token keeps that whole token.
+        """
+        ids = list(generation.token_ids)
+        start = generation.text.find(f"<{self.tags['state']}>")
+        if self.style == "ours" or start <= 0:
+            return ids
+        for cut in range(len(ids)):
+            if len(self.tokenizer.decode(ids[: cut + 1], skip_special_tokens=True)) > start:
+                return ids[cut:]
+        return ids
+
+    def eval_text(self, generation: Generation) -> str:
+        """The response as the released inference client carried it: stripped, its stop tag re-added."""
+        text = generation.text
+        for stop in self.stop:
+            if text.endswith(stop):
+                return text.removesuffix(stop).strip() + stop
+        return text.strip()
+
     async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
+        if self.style != "ours":
+            question = released_question(question)
         messages = [{"role": "user", "content": self.prompts.render("user", question=question)}]
         base_ids = await self.ct_build_initial_tokens(messages)
-        carried: list[int] = []
-        carried_state_tokens = 0
+        prompt_ids, carried_state_tokens = base_ids, 0
         max_turns, tags = self.settings.max_turns, self.tags
         for turn in range(max_turns):
-            context = Context(prompt_ids=base_ids + carried, memory_tokens=carried_state_tokens)
+            context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens)
             trajectory.contexts.append(context)
             generation = await self.generate(context, sampling_params)
             if generation is None:
@@ -50,25 +105,27 @@ class Mem1AgentLoop(SearchAgentLoop):
             if action.kind == "invalid":
                 return trajectory.finish(action.reason)
             state, reason = self.state_of(generation.text)
-            if state is None:
+            if state is None and self.settings.require_state:
                 return trajectory.finish(reason)
-            state, carried_state_tokens, truncated = self.truncate(state, self.settings.memory_max_tokens)
+            state, carried_state_tokens, truncated = self.truncate(state or "", self.settings.memory_max_tokens)
             context.memory_truncated = truncated
-            if truncated and self.settings.memory_overflow == "penalty":
-                return trajectory.finish("memory_overflow", penalised=True)
+            if truncated and self.settings.memory_overflow != "truncate":
+                return trajectory.finish("memory_overflow", penalised=self.settings.memory_overflow == "penalty")
             if action.kind == "answer":
                 return trajectory.finish("answer", answer=action)
             if turn == max_turns - 1:
                 return trajectory.finish("max_turns")
 
             documents = await self.search(context, action.query)
-            if truncated:  # the next prompt holds the cut state, encoded; the sample keeps what was sampled
-                kept = self.encode(
-                    f"<{tags['state']}>{state}</{tags['state']}>\n<{tags['search']}>{action.query}</{tags['search']}>"
-                )
-            else:
-                kept = generation.token_ids
             observation = self.prompts.render(
                 "observation", documents=documents, turns_left=max_turns - turn - 1, last_turn=turn + 2 == max_turns
             )
-            carried = kept + self.encode(observation)
+            if self.style == "released_eval":  # the client sent the conversation as one text
+                prompt_ids = self.encode(self.chat_text(messages) + self.eval_text(generation) + observation)
+            elif truncated:  # the next prompt holds the cut state, encoded; the sample keeps what was sampled
+                kept = (
+                    f"<{tags['state']}>{state}</{tags['state']}>\n<{tags['search']}>{action.query}</{tags['search']}>"
+                )
+                prompt_ids = base_ids + self.encode(kept) + self.encode(observation)
+            else:
+                prompt_ids = base_ids + self.kept_ids(generation) + self.encode(observation)

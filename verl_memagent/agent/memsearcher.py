@@ -2,18 +2,33 @@
 
 Turn t's context: system prompt (with the search tool's schema) + user message holding the question
 and memory M_{t-1} (empty at first). The model thinks, then answers with `\\boxed{}` or calls the
-search tool. After a search the documents come back as a tool message plus an instruction to rewrite
-the memory (all masked), and the model writes `<memory> M_t </memory>` in the same context. The next
-turn starts from a fresh context with the question and M_t. One context = one training sample:
-prompt = the rendered context, response = action + (masked) tool response + memory.
+search tool. After a search the documents come back with an instruction to rewrite the memory (all
+masked), and the model writes `<memory> M_t </memory>` in the same context. The next turn starts from
+a fresh context with the question and M_t. One context = one training sample: prompt = the rendered
+context, response = action + (masked) tool response + memory.
+
+With the released prompt styles the context is the released code's (docs/fidelity.md): the schema
+written in the system text, the assistant turn opened with `<think>`, tool response and instruction
+in one user turn, no stop strings (a turn ends at the model's end of turn). `released_train` encodes
+the question and the memory apart from the template around them, as the released training code's
+TokenTemplate did; `released_eval` encodes the whole text, as SGLang did for the released checkpoints.
 """
 
 from __future__ import annotations
 
+import re
 from typing import Any
 
-from verl_memagent.agent.parsing import parse_memory, parse_tool_call_action
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+
+from verl_memagent.agent.parsing import Action, parse_memory, parse_tool_call_action
 from verl_memagent.agent.turns import Context, SearchAgentLoop, Trajectory
+from verl_memagent.reward.answers import extract_tag
+from verl_memagent.search import Document
+
+#: stand-ins for the question and memory while the template renders, split out again by `released_train`
+_QUESTION = "\u2063memagent-question\u2063"
+_MEMORY = "\u2063memagent-memory\u2063"
 
 
 def search_tool_schema(name: str) -> dict[str, Any]:
@@ -32,53 +47,145 @@ def search_tool_schema(name: str) -> dict[str, Any]:
     }
 
 
-class MemSearcherAgentLoop(SearchAgentLoop):
+def released_documents(documents: list[Document]) -> str:
+    """MemSearcher's tool result: each passage's `contents` followed by a literal `\\n\\n`, stripped.
+
+    The released client writes the two characters backslash and n, not newlines
+    (vllm_rollout_spmd.py:452-455, memsearcher/inference/memsearcher.py:183-186); wiki-18 `contents`
+    is the quoted title, a newline, then the text.
+    """
+    return "".join(f'"{doc.title}"\n{doc.text}\\n\\n' for doc in documents).strip()
+
+
+class ToolCallAgentLoop(SearchAgentLoop):
+    """What `memsearcher` and `react` share: MemSearcher's tool-call format and context rendering."""
+
+    @property
+    def released(self) -> bool:
+        return self.settings.prompt_style != "ours"
+
+    @property
+    def stop_tags(self) -> tuple[str, ...]:
+        """The released code sets no stop string: a turn ends at the model's end-of-turn token."""
+        return () if self.released else self.ours_stop_tags
+
+    @property
+    def tools(self) -> list[dict] | None:
+        """The schema the chat template renders (`ours`); the released system text holds it already."""
+        return None if self.released else [search_tool_schema(self.settings.tool_name)]
+
+    def action_text(self, text: str) -> str:
+        """A turn's text as the reward judges it: a released prompt ends with the turn's opening `<think>`."""
+        return self.prompts.render("generation_prefix") + text if self.released else text
+
+    def parse_action(self, text: str) -> Action:
+        """The tool-call action of a turn's text, with MemSearcher's format verdict for an answer."""
+        return parse_tool_call_action(
+            self.action_text(text), self.settings.tool_name, self.tags["tool_call"], self.tags["think"]
+        )
+
+    def format_documents(self, documents: list[Document]) -> str:
+        return released_documents(documents) if self.released else super().format_documents(documents)
+
+    def prompt_ids(self, messages: list[dict], values: dict[str, str]) -> list[int]:
+        """Token ids of `messages` (rendered with stand-ins for `values`) and the generation prefix.
+
+        `released_train` encodes the template's text and each value separately, `released_eval` the
+        whole text.
+        """
+        text = self.chat_text(messages, tools=self.tools) + self.prompts.render("generation_prefix")
+        if self.settings.prompt_style == "released_train" and values:
+            pieces = re.split("(" + "|".join(map(re.escape, values)) + ")", text)
+            return [token for piece in pieces if piece for token in self.encode(values.get(piece, piece))]
+        for stand_in, value in values.items():
+            text = text.replace(stand_in, value)
+        return self.encode(text)
+
+    def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
+        """The outputs; released, `final_response` is the final assistant turn opened by the prompt's
+        `<think>`: the text the released reward judged (re_call.py:97-184)."""
+        outputs = super().outputs(trajectory)
+        if self.released:
+            final = self.prompts.render("generation_prefix") + self.final_turn_text(outputs[-1])
+            for output in outputs:
+                output.extra_fields["final_response"] = final
+        return outputs
+
+    def final_turn_text(self, final_output: AgentLoopOutput) -> str:
+        """The text of the final assistant turn: the whole response of the last context."""
+        return final_output.extra_fields["final_response"]
+
+    def tool_messages(self, action_text: str, documents: str) -> list[dict]:
+        """The messages after a search: one user turn with the tool response (released)."""
+        call = extract_tag(action_text, self.tags["tool_call"]) or ""
+        return [{"role": "user", "content": self.prompts.render("tool_response", call=call, documents=documents)}]
+
+
+class MemSearcherAgentLoop(ToolCallAgentLoop):
     agent = "memsearcher"
-    stop_tags = ("tool_call", "memory")
+    ours_stop_tags = ("tool_call", "memory")
     default_tags = {"think": "think", "tool_call": "tool_call", "question": "question", "memory": "memory"}
 
-    async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
-        tools = [search_tool_schema(self.settings.tool_name)]
+    async def turn_prompt_ids(self, question: str, memory: str, turn: int) -> list[int]:
         max_turns = self.settings.max_turns
+        if self.released:
+            user = self.prompts.render("user", question=_QUESTION, memory=_MEMORY)
+            messages = [{"role": "system", "content": self.prompts.render("system")}, {"role": "user", "content": user}]
+            return self.prompt_ids(messages, {_QUESTION: question, _MEMORY: memory})
+        user = self.prompts.render(
+            "user", question=question, memory=memory, turns_left=max_turns - turn, last_turn=turn == max_turns - 1
+        )
+        messages = [{"role": "system", "content": self.prompts.render("system")}, {"role": "user", "content": user}]
+        return await self.ct_build_initial_tokens(messages, tools=self.tools)
+
+    def tool_messages(self, action_text: str, documents: str) -> list[dict]:
+        if self.released:
+            return super().tool_messages(action_text, documents)
+        return [
+            {"role": "tool", "content": documents},
+            {"role": "user", "content": self.prompts.render("memory_update")},
+        ]
+
+    async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
+        max_turns, overflow_mode = self.settings.max_turns, self.settings.memory_overflow
         memory, memory_tokens = "", 0
         for turn in range(max_turns):
-            last_turn = turn == max_turns - 1
-            user = self.prompts.render(
-                "user", question=question, memory=memory, turns_left=max_turns - turn, last_turn=last_turn
-            )
-            messages = [{"role": "system", "content": self.prompts.render("system")}, {"role": "user", "content": user}]
-            prompt_ids = await self.ct_build_initial_tokens(messages, tools=tools)
+            prompt_ids = await self.turn_prompt_ids(question, memory, turn)
             context = Context(prompt_ids=prompt_ids, memory_tokens=memory_tokens)
             trajectory.contexts.append(context)
 
             action_gen = await self.generate(context, sampling_params)
             if action_gen is None:
                 return trajectory.finish("context_limit")
-            action = parse_tool_call_action(
-                action_gen.text, self.settings.tool_name, self.tags["tool_call"], self.tags["think"]
-            )
+            action = self.parse_action(action_gen.text)
             if action.kind == "answer":
                 return trajectory.finish("answer", answer=action)
             if action.kind == "invalid":
                 return trajectory.finish(action.reason)
-            if last_turn:
+            if turn == max_turns - 1:
                 return trajectory.finish("max_turns")
 
             documents = await self.search(context, action.query)
-            history = [*messages, {"role": "assistant", "content": action_gen.text}]
-            update = self.prompts.render("memory_update")
-            new_messages = [{"role": "tool", "content": documents}, {"role": "user", "content": update}]
-            if not await self.insert_messages(context, history, new_messages, tools=tools):
+            # the history's text only tells verl's token builder where the new turn starts
+            history = [{"role": "user", "content": ""}, {"role": "assistant", "content": action_gen.text}]
+            new_messages = self.tool_messages(action_gen.text, documents)
+            if not await self.insert_messages(context, history, new_messages, tools=self.tools):
                 return trajectory.finish("context_limit")
 
             memory_gen = await self.generate(context, sampling_params)
             if memory_gen is None:
                 return trajectory.finish("context_limit")
             new_memory, closed = parse_memory(memory_gen.text, self.tags["memory"])
-            if new_memory is None:
+            if self.settings.prompt_style == "released_eval" and not (closed and new_memory):
+                memory, memory_tokens = (
+                    "",
+                    0,
+                )  # the released inference client goes on with an empty memory (memsearcher.py:245-310)
+                continue
+            if not new_memory:  # the released code goes on only with a non-empty memory
                 return trajectory.finish("no_memory")
-            overflow = not closed and memory_gen.finish == "length"
             memory, memory_tokens, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
-            if (overflow or truncated) and self.settings.memory_overflow == "penalty":
-                return trajectory.finish("memory_overflow", penalised=True)
+            if (not closed or truncated) and overflow_mode != "truncate":
+                # `end`: the released code stops a trajectory whose rewrite ran out of tokens or is too long
+                return trajectory.finish("memory_overflow", penalised=overflow_mode == "penalty")
             context.memory_truncated = truncated

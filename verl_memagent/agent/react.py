@@ -1,35 +1,62 @@
-"""ReAct (Search-R1): the baseline that keeps the whole history in one growing context.
+"""ReAct: the baseline that keeps the whole history in one growing context.
 
-The model reasons, searches with `<search> q </search>`, reads `<information> docs </information>`
-appended to its own context (masked), and eventually answers with `<answer> a </answer>`. One
-trajectory is one context and one training sample, so its prompt grows with every search: the
-baseline the memory agents' flat contexts are measured against.
+With the released prompt styles it is MemSearcher's own ReAct baseline (ReCall, in MemSearcher's
+`memsearcher/inference/memsearcher.py`) with MemSearcher's tool schema, action and answer format
+(`<tool_call>` JSON, `\\boxed{}`), documents and turn opening (`<think>`): against `memsearcher` only
+the context management differs. The model reasons, calls the search tool, reads the tool response
+appended to its own context (masked) and eventually answers. One trajectory is one context and one
+training sample, so its prompt grows with every search.
+
+With `prompt_style: ours` it is the Search-R1 format: `<search> q </search>`, the documents in
+`<information> </information>`, the answer in `<answer> </answer>`.
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from verl_memagent.agent.parsing import parse_tag_action
-from verl_memagent.agent.turns import Context, SearchAgentLoop, Trajectory
+from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
+
+from verl_memagent.agent.memsearcher import ToolCallAgentLoop
+from verl_memagent.agent.parsing import Action, parse_tag_action
+from verl_memagent.agent.turns import Context, Trajectory
 
 
-class ReactAgentLoop(SearchAgentLoop):
+class ReactAgentLoop(ToolCallAgentLoop):
     agent = "react"
-    stop_tags = ("search", "answer")
-    default_tags = {"think": "think", "search": "search", "answer": "answer", "information": "information"}
+    ours_stop_tags = ("search", "answer")
+    default_tags = {
+        "think": "think",
+        "tool_call": "tool_call",
+        "search": "search",
+        "answer": "answer",
+        "information": "information",
+    }
     one_output_per_context = False
+    #: the text of the latest generate call: the final assistant turn once the trajectory ends
+    last_text = ""
+
+    def parse_action(self, text: str) -> Action:
+        if self.released:
+            return super().parse_action(text)
+        return parse_tag_action(text, self.tags["search"], self.tags["answer"])
 
     async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
-        messages = [{"role": "user", "content": self.prompts.render("user", question=question)}]
-        context = Context(prompt_ids=await self.ct_build_initial_tokens(messages))
+        user = {"role": "user", "content": self.prompts.render("user", question=question)}
+        if self.released:
+            messages = [{"role": "system", "content": self.prompts.render("system")}, user]
+            prompt_ids = self.prompt_ids(messages, {})
+        else:
+            prompt_ids = await self.ct_build_initial_tokens([user])
+        context = Context(prompt_ids=prompt_ids)
         trajectory.contexts.append(context)
         max_turns = self.settings.max_turns
         for turn in range(max_turns):
             generation = await self.generate(context, sampling_params)
             if generation is None:
                 return trajectory.finish("context_limit")
-            action = parse_tag_action(generation.text, self.tags["search"], self.tags["answer"])
+            self.last_text = generation.text
+            action = self.parse_action(generation.text)
             if action.kind == "answer":
                 return trajectory.finish("answer", answer=action)
             if action.kind == "invalid":
@@ -37,6 +64,19 @@ class ReactAgentLoop(SearchAgentLoop):
             if turn == max_turns - 1:
                 return trajectory.finish("max_turns")
             documents = await self.search(context, action.query)
-            observation = self.prompts.render("observation", documents=documents, last_turn=turn + 2 == max_turns)
-            if not self.add_observation(context, observation):
+            if not await self.add_tool_response(context, generation.text, documents, last_turn=turn + 2 == max_turns):
                 return trajectory.finish("context_limit")
+
+    def final_turn_text(self, final_output: AgentLoopOutput) -> str:
+        """The last assistant turn only: the whole history holds earlier turns' tool calls."""
+        return self.last_text
+
+    async def add_tool_response(self, context: Context, action_text: str, documents: str, last_turn: bool) -> bool:
+        """Append the tool response (masked); released: as a user turn, then the next `<think>` opening."""
+        if not self.released:
+            observation = self.prompts.render("observation", documents=documents, last_turn=last_turn)
+            return self.add_observation(context, observation)
+        history = [{"role": "user", "content": ""}, {"role": "assistant", "content": action_text}]
+        if not await self.insert_messages(context, history, self.tool_messages(action_text, documents)):
+            return False
+        return self.add_observation(context, self.prompts.render("generation_prefix"))

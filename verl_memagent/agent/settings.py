@@ -21,13 +21,17 @@ from omegaconf import OmegaConf
 
 PROMPTS_YAML = Path(__file__).with_name("prompts.yaml")
 
-MEMORY_OVERFLOW_MODES = ("truncate", "penalty")
+MEMORY_OVERFLOW_MODES = ("end", "truncate", "penalty")
+
+#: how contexts are rendered: as the papers' released training code, their released inference code
+#: (the released checkpoints' input format), or the project's own prompts (docs/fidelity.md)
+PROMPT_STYLES = ("released_train", "released_eval", "ours")
 
 
 @cache
-def default_prompts(agent: str) -> dict[str, str]:
-    """The default templates of one agent from prompts.yaml."""
-    return dict(OmegaConf.to_container(OmegaConf.load(PROMPTS_YAML)[agent]))
+def default_prompts(agent: str, style: str) -> dict[str, str]:
+    """The default templates of one agent and prompt style from prompts.yaml."""
+    return dict(OmegaConf.to_container(OmegaConf.load(PROMPTS_YAML)[agent][style]))
 
 
 @dataclass
@@ -38,14 +42,24 @@ class AgentSettings:
       max_turns: LLM contexts per trajectory (react: search rounds). The last turn is told to answer;
         a search there is not run and the trajectory ends with finish reason `max_turns`.
       max_new_tokens: cap of every generate call.
-      memory_max_tokens / memory_overflow: a longer memory (memsearcher) or internal state (mem1) is
-        cut to the cap (`truncate`) or ends the trajectory with `penalised` set, so rewards give 0
-        (`penalty`).
+      memory_max_tokens / memory_overflow: a memory rewrite (memsearcher) that the generation limit cut
+        before its closing tag, or a memory or internal state (mem1) longer than the cap, ends the
+        trajectory there (`end`, the released MemSearcher code), is cut to the cap and the trajectory
+        goes on (`truncate`, ours: the model keeps its turn), or ends it with `penalised` set, so
+        rewards give 0 (`penalty`).
       observation_max_tokens: the formatted documents of one search are cut to this many tokens.
       context_max_tokens: prompt + response of one context; None means verl's
         rollout.prompt_length + rollout.response_length. Generation stops there (`context_limit`).
       topk: documents per search.
       stop: stop strings sent to the server (vLLM/SGLang `stop`); None means the agent's own.
+
+    Format:
+      prompt_style: `released_train` renders each context as the paper's released training code did,
+        `released_eval` as its released inference code fed the released checkpoints, `ours` with the
+        project's prompts (tool schema through the chat template, a turns-left line). Picks the
+        default templates of prompts.yaml and the agent's own rules for that style.
+      require_state (mem1): a turn without a closed internal-state tag before its action ends the
+        trajectory (`no_state`). Off in the released code, which checks no format during rollout.
     """
 
     retriever_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
@@ -57,11 +71,13 @@ class AgentSettings:
     max_turns: int = 5
     max_new_tokens: int = 512
     memory_max_tokens: int = 1024
-    memory_overflow: str = "truncate"
+    memory_overflow: str = "end"
     observation_max_tokens: int = 1024
     context_max_tokens: int | None = None
     stop: list[str] | None = None
     tool_name: str = "wikipedia_search"
+    prompt_style: str = "released_train"
+    require_state: bool = False
     tags: dict[str, str] = field(default_factory=dict)
     prompts: dict[str, str] = field(default_factory=dict)
 
@@ -73,6 +89,8 @@ class AgentSettings:
             raise ValueError(f"context_max_tokens: expected a positive integer or null, got {self.context_max_tokens}")
         if self.memory_overflow not in MEMORY_OVERFLOW_MODES:
             raise ValueError(f"memory_overflow: expected one of {MEMORY_OVERFLOW_MODES}, got {self.memory_overflow!r}")
+        if self.prompt_style not in PROMPT_STYLES:
+            raise ValueError(f"prompt_style: expected one of {PROMPT_STYLES}, got {self.prompt_style!r}")
 
 
 def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str, Any]) -> AgentSettings:
@@ -87,7 +105,7 @@ def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str
     schema = OmegaConf.structured(AgentSettings)
     merged = OmegaConf.to_object(OmegaConf.merge(schema, plain))
     merged.tags = {**default_tags, **merged.tags}
-    merged.prompts = {**default_prompts(agent), **merged.prompts}
+    merged.prompts = {**default_prompts(agent, merged.prompt_style), **merged.prompts}
     return merged
 
 
@@ -131,7 +149,14 @@ def parsed_settings(agent: str, default_tags: ByValue, overrides: ByValue) -> tu
 
 
 #: per-call template variables, with sample values for the check at construction
-TEMPLATE_VARIABLES = {"question": "q", "memory": "m", "documents": "d", "turns_left": 2, "last_turn": False}
+TEMPLATE_VARIABLES = {
+    "question": "q",
+    "memory": "m",
+    "documents": "d",
+    "call": "c",
+    "turns_left": 2,
+    "last_turn": False,
+}
 
 
 class Prompts:

@@ -23,7 +23,7 @@ from verl.utils.tokenizer.chat_template import initialize_turn_separator
 
 from verl_memagent.agent.parsing import Action
 from verl_memagent.agent.settings import AgentSettings, ByValue, parsed_settings
-from verl_memagent.search import RetrieverClient, RetrieverError, format_documents
+from verl_memagent.search import Document, RetrieverClient, RetrieverError, format_documents
 
 logger = logging.getLogger(__name__)
 
@@ -205,6 +205,16 @@ class SearchAgentLoop(AgentLoopBase):
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
 
+    def chat_text(self, messages: list[dict], tools=None) -> str:
+        """The chat template's text of `messages` up to and including the assistant's generation prompt."""
+        return self.tokenizer.apply_chat_template(
+            messages, tools=tools, tokenize=False, add_generation_prompt=True, **self.apply_chat_template_kwargs
+        )
+
+    def format_documents(self, documents: list[Document]) -> str:
+        """The observation text of one search's documents (Search-R1's `Doc i(Title: t) text` lines)."""
+        return format_documents(documents)
+
     def truncate(self, text: str, max_tokens: int) -> tuple[str, int, bool]:
         """Text cut to `max_tokens` tokens: (text, token count after the cut, whether it was cut)."""
         ids = self.encode(text)
@@ -260,7 +270,7 @@ class SearchAgentLoop(AgentLoopBase):
         context.searches += 1
         try:
             documents = (await self.retriever.search([query], self.settings.topk))[0]
-            text = format_documents(documents)
+            text = self.format_documents(documents)
         except (RetrieverError, httpx.HTTPError, OSError, asyncio.TimeoutError) as exc:
             logger.warning("search for %r failed: %s", query, exc)
             context.retriever_errors += 1
