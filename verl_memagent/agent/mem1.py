@@ -55,6 +55,7 @@ class Mem1AgentLoop(SearchAgentLoop):
             state, reason = self.state_of(generation.text)
             if state is None:
                 return trajectory.finish(reason)
+            context.memory_written = True
             state, carried_state_tokens, truncated = self.truncate(state, self.settings.memory_max_tokens)
             context.memory_truncated = truncated
             if truncated and self.settings.memory_overflow == "penalty":

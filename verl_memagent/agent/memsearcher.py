@@ -78,6 +78,7 @@ class MemSearcherAgentLoop(SearchAgentLoop):
             new_memory, closed = parse_memory(memory_gen.text, self.tags["memory"])
             if new_memory is None:
                 return trajectory.finish("no_memory")
+            context.memory_written = True
             overflow = not closed and memory_gen.finish == "length"
             memory, _, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
             if (overflow or truncated) and self.settings.memory_overflow == "penalty":

@@ -32,6 +32,7 @@ from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 from verl.workers.utils.padding import response_to_nested
 
+from verl_memagent.algo.agent_metrics import agent_metrics, agent_metrics_by_source
 from verl_memagent.algo.estimators import TrajectoryLayout
 from verl_memagent.algo.register import GAE, GRPO, MultiContextConfig
 
@@ -200,16 +201,51 @@ class MultiContextTrainerMixin:
             return super()._update_critic(batch, metrics)
 
 
+class AgentMetricsMixin:
+    """Adds what the agent did (`verl_memagent.algo.agent_metrics`) to verl's metrics of every training
+    step and validation. Reads `extra_fields` from TransferQueue before verl clears the batch."""
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+        if keys:
+            data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+            metrics.update(agent_metrics(data["extra_fields"].tolist()))
+
+    def _validate(self) -> dict[str, float]:
+        """verl's validation; each validation batch's fields are read as the replay buffer hands it out."""
+        fields: list[dict] = []
+        sources: list[str] = []
+        sample = self.replay_buffer.sample
+
+        def sample_and_read(*args, **kwargs):
+            batch, sample_metrics = sample(*args, **kwargs)
+            if batch.keys:
+                data = tq.kv_batch_get(
+                    keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "data_source"]
+                )
+                fields.extend(data["extra_fields"].tolist())
+                sources.extend(data["data_source"].tolist())
+            return batch, sample_metrics
+
+        self.replay_buffer.sample = sample_and_read
+        try:
+            val_metrics = super()._validate()
+        finally:
+            del self.replay_buffer.sample
+        return {**val_metrics, **agent_metrics_by_source(fields, sources)}
+
+
 @register_trainer("memagent_sync")
-class MultiContextTrainerSync(MultiContextTrainerMixin, PPOTrainerSync):
+class MultiContextTrainerSync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync):
     base_mode = "sync"
 
 
 @register_trainer("memagent_colocate_async")
-class MultiContextTrainerColocateAsync(MultiContextTrainerMixin, PPOTrainerColocateAsync):
+class MultiContextTrainerColocateAsync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync):
     base_mode = "colocate_async"
 
 
 @register_trainer("memagent_separate_async")
-class MultiContextTrainerSeparateAsync(MultiContextTrainerMixin, PPOTrainerSeparateAsync):
+class MultiContextTrainerSeparateAsync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync):
     base_mode = "separate_async"
