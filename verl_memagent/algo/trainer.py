@@ -9,6 +9,9 @@ V1 trainers and are registered with `register_trainer`, selected by `trainer.v1.
 Two more overrides keep the number of optimizer steps per training step fixed by configuration
 (`algorithm.multi_context.fixed_optimizer_steps`): verl sizes a PPO mini-batch in samples
 (`ppo_mini_batch_size * rollout.n`), so trajectories with K turns would make K times the steps.
+
+`AgentMetricsMixin` adds what the agent did (searches, finish reasons, memory, ...) to verl's metrics
+of every training step and validation.
 """
 
 from __future__ import annotations
@@ -210,7 +213,7 @@ class AgentMetricsMixin:
         keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
         if keys:
             data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-            metrics.update(agent_metrics(data["extra_fields"].tolist()))
+            metrics.update(agent_metrics(list(data["extra_fields"])))
 
     def _validate(self) -> dict[str, float]:
         """verl's validation; each validation batch's fields are read as the replay buffer hands it out."""
@@ -224,8 +227,8 @@ class AgentMetricsMixin:
                 data = tq.kv_batch_get(
                     keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "data_source"]
                 )
-                fields.extend(data["extra_fields"].tolist())
-                sources.extend(data["data_source"].tolist())
+                fields.extend(data["extra_fields"])
+                sources.extend(data["data_source"])
             return batch, sample_metrics
 
         self.replay_buffer.sample = sample_and_read
