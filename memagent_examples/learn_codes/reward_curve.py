@@ -7,8 +7,9 @@ the main job pipes `tail -F metrics.jsonl` into it while the trainer runs.
 `python -m memagent_examples.learn_codes.reward_curve metrics.jsonl --png curve.png [--eval NAME=summary.json]`
 saves the plot (reward, searches per trajectory, answered share per step, and the EM of each
 `verl-memagent eval` run given) and ends with one JSON object: the mean of reward, answered share and
-searches over the first and last `--window` steps, the reward gain, the mean seconds per step after
-the first (which includes warm-up), and `em_<NAME>` for each eval run.
+searches over the first and last `--window` steps (fewer in a run of less than two windows), the
+reward gain, the mean seconds per step after the first (which includes warm-up), and `em_<NAME>` for
+each eval run.
 """
 
 from __future__ import annotations
@@ -45,9 +46,11 @@ def read_steps(metrics: Path) -> list[dict]:
 
 
 def step_line(step: dict) -> str:
+    """A figure missing from the step (another agent loop, no timing) shows as nan: never stop following."""
+    answered, searches, seconds = (step.get(key, float("nan")) for key in (ANSWERED, SEARCHES, STEP_SECONDS))
     return (
-        f"step {step['step']:3d}  reward {step[REWARD]:.3f}  answered {step[ANSWERED]:.2f}  "
-        f"searches {step[SEARCHES]:.2f}  ({step[STEP_SECONDS]:.1f} s)"
+        f"step {step['step']:3d}  reward {step[REWARD]:.3f}  answered {answered:.2f}  "
+        f"searches {searches:.2f}  ({seconds:.1f} s)"
     )
 
 
@@ -58,15 +61,17 @@ def eval_em(summary_json: Path) -> float:
 
 
 def summary(steps: list[dict], window: int) -> dict:
-    if len(steps) < 2 * window:
-        raise ValueError(f"need at least {2 * window} logged steps for a window of {window}, got {len(steps)}")
-    result: dict = {"steps": len(steps)}
+    """First and last values over `window` steps, fewer when a short run has less than two windows."""
+    if not steps:
+        raise ValueError("metrics.jsonl holds no training step: did the trainer log with trainer.logger=[...,'file']?")
+    window = max(1, min(window, len(steps) // 2))
+    result: dict = {"steps": len(steps), "window": window}
     for key, metric, _ in CURVES:
         values = [s[metric] for s in steps]
         result[f"{key}_first"] = sum(values[:window]) / window
         result[f"{key}_last"] = sum(values[-window:]) / window
     result["reward_gain"] = result["reward_last"] - result["reward_first"]
-    timed = [s[STEP_SECONDS] for s in steps[1:]]
+    timed = [s[STEP_SECONDS] for s in steps[1:]] or [steps[0][STEP_SECONDS]]
     result["seconds_per_step"] = sum(timed) / len(timed)
     return result
 
@@ -109,6 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memagent_examples.learn_codes.reward_curve", description=__doc__)
     parser.add_argument("metrics", type=Path, nargs="?", help="JSON lines written by verl's file logger")
     parser.add_argument("--follow", action="store_true", help="print a line per step read from stdin, nothing else")
+    parser.add_argument("--print-em", action="store_true", help="print the EM of each --eval run, nothing else")
     parser.add_argument("--png", type=Path)
     parser.add_argument("--window", type=int, default=3, help="steps averaged for the first / last values")
     parser.add_argument("--eval", type=named_path, action="append", default=[], help="NAME=summary.json; repeat")
@@ -117,8 +123,11 @@ def main(argv: list[str] | None = None) -> int:
         for step in parse_steps(sys.stdin):
             print(step_line(step), flush=True)
         return 0
+    if args.print_em:
+        print("EM " + ", ".join(f"{name} {eval_em(path):.3f}" for name, path in args.eval), flush=True)
+        return 0
     if args.metrics is None or args.png is None:
-        parser.error("metrics and --png are required unless --follow")
+        parser.error("metrics and --png are required unless --follow or --print-em")
     steps = read_steps(args.metrics)
     em = {name: eval_em(path) for name, path in args.eval}
     save_png(steps, args.png, em)

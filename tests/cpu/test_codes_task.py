@@ -160,12 +160,16 @@ def test_reward_curve_summary_png_and_json(tmp_path, capsys):
         summary_json = {"agents": {"memsearcher": {"overall": {"em": em}}}}
         (tmp_path / name / "summary.json").write_text(json.dumps(summary_json))
         evals[name] = tmp_path / name / "summary.json"
+    eval_args = [f"--eval={name}={path}" for name, path in evals.items()]
+    assert reward_curve_main(["--print-em", *eval_args]) == 0
+    assert capsys.readouterr().out == "EM before_greedy 0.250, after_greedy 0.500\n"
     args = [str(metrics), "--png", str(tmp_path / "curve.png"), "--window", "2"]
-    assert reward_curve_main([*args, *(f"--eval={name}={path}" for name, path in evals.items())]) == 0
+    assert reward_curve_main([*args, *eval_args]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last == pytest.approx(
         {
             "steps": 6,
+            "window": 2,
             "reward_first": 0.05,
             "reward_last": 0.6,
             "reward_gain": 0.55,
@@ -179,8 +183,11 @@ def test_reward_curve_summary_png_and_json(tmp_path, capsys):
         }
     )
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(ValueError, match="at least 4 logged steps"):
-        summary([{"critic/score/mean": 0.0, "timing_s/step": 1.0}], window=2)
+    step = {"critic/score/mean": 0.5, "timing_s/step": 9.0, "agent/finish/answered": 1.0, "agent/searches/mean": 1.0}
+    short = summary([{**step, "critic/score/mean": 0.25}, step], window=3)  # a 2-step run: windows of 1
+    assert short["window"] == 1 and short["reward_first"] == 0.25 and short["reward_last"] == 0.5
+    with pytest.raises(ValueError, match="no training step"):
+        summary([], window=2)
 
 
 def test_follow_prints_one_line_per_training_step(tmp_path):
