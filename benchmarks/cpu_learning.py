@@ -1,8 +1,9 @@
-"""Does MemSearcher learn on CPU? recipes/cpu/learn_codes.sh with a fixed seed, reward of the first vs last steps.
+"""Does MemSearcher learn on CPU? recipes/cpu/learn_codes.sh with a fixed seed: reward and EM before vs after RL.
 
-The baseline is the same run's first steps (the warm-started policy before reinforcement learning).
-Takes about 15-25 minutes on 2 cores. The last printed line is one JSON object:
-`reward_first`, `reward_last`, `reward_gain`, `seconds_per_step`, `steps`, `seed`, `wall_s`.
+The baseline is the same run's first steps and the warm-started policy's EM before reinforcement
+learning. Takes about 25 minutes on 2 cores. The last printed line is one JSON object: the main
+job's (`reward_first`, `reward_last`, `reward_gain`, `answered_*`, `searches_*`, `seconds_per_step`,
+`em_before_rl_*`, `em_after_rl_*`, `steps`) plus `seed` and `wall_s`.
 """
 
 from __future__ import annotations

@@ -1,68 +1,138 @@
-"""Reward per training step from verl's file logger (`trainer.logger=[...,'file']`), as text, PNG and JSON.
+"""The main job's figures per training step from verl's file logger (`trainer.logger=[...,'file']`).
 
-`python -m memagent_examples.learn_codes.reward_curve metrics.jsonl --png curve.png` prints one line per step,
-saves the curve, and ends with one JSON object: mean reward over the first and last `--window` steps,
-their difference, and the mean seconds per step after the first (which includes warm-up).
+`python -m memagent_examples.learn_codes.reward_curve --follow < stream` prints one console line per
+step (step, reward, answered share, searches per trajectory, seconds) as verl's JSON lines arrive;
+the main job pipes `tail -F metrics.jsonl` into it while the trainer runs.
+
+`python -m memagent_examples.learn_codes.reward_curve metrics.jsonl --png curve.png [--eval NAME=summary.json]`
+saves the plot (reward, searches per trajectory, answered share per step, and the EM of each
+`verl-memagent eval` run given) and ends with one JSON object: the mean of reward, answered share and
+searches over the first and last `--window` steps (fewer in a run of less than two windows), the
+reward gain, the mean seconds per step after the first (which includes warm-up), and `em_<NAME>` for
+each eval run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import sys
+from collections.abc import Iterable
 from pathlib import Path
 
 REWARD = "critic/score/mean"
 STEP_SECONDS = "timing_s/step"
+ANSWERED = "agent/finish/answered"
+SEARCHES = "agent/searches/mean"
+#: (key in the JSON line, metric, panel title)
+CURVES = (
+    ("reward", REWARD, "mean reward"),
+    ("searches", SEARCHES, "searches per trajectory"),
+    ("answered", ANSWERED, "answered share"),
+)
+
+
+def parse_steps(lines: Iterable[str]) -> Iterable[dict]:
+    """The training steps among verl's JSON lines (validation-only lines carry no reward)."""
+    for line in lines:
+        if line.strip():
+            record = json.loads(line)
+            if REWARD in record["data"]:
+                yield {"step": record["step"], **record["data"]}
 
 
 def read_steps(metrics: Path) -> list[dict]:
-    steps = [json.loads(line) for line in metrics.read_text().splitlines() if line.strip()]
-    return [{"step": s["step"], **s["data"]} for s in steps if REWARD in s["data"]]
+    return list(parse_steps(metrics.read_text().splitlines()))
+
+
+def step_line(step: dict) -> str:
+    """A figure missing from the step (another agent loop, no timing) shows as nan: never stop following."""
+    answered, searches, seconds = (step.get(key, float("nan")) for key in (ANSWERED, SEARCHES, STEP_SECONDS))
+    return (
+        f"step {step['step']:3d}  reward {step[REWARD]:.3f}  answered {answered:.2f}  "
+        f"searches {searches:.2f}  ({seconds:.1f} s)"
+    )
+
+
+def eval_em(summary_json: Path) -> float:
+    """Overall EM of a `verl-memagent eval` summary.json holding one agent."""
+    (result,) = json.loads(summary_json.read_text())["agents"].values()
+    return result["overall"]["em"]
 
 
 def summary(steps: list[dict], window: int) -> dict:
-    if len(steps) < 2 * window:
-        raise ValueError(f"need at least {2 * window} logged steps for a window of {window}, got {len(steps)}")
-    rewards = [s[REWARD] for s in steps]
-    timed = [s[STEP_SECONDS] for s in steps[1:]]
-    return {
-        "steps": len(steps),
-        "reward_first": sum(rewards[:window]) / window,
-        "reward_last": sum(rewards[-window:]) / window,
-        "reward_gain": (sum(rewards[-window:]) - sum(rewards[:window])) / window,
-        "seconds_per_step": sum(timed) / len(timed),
-    }
+    """First and last values over `window` steps, fewer when a short run has less than two windows."""
+    if not steps:
+        raise ValueError("metrics.jsonl holds no training step: did the trainer log with trainer.logger=[...,'file']?")
+    window = max(1, min(window, len(steps) // 2))
+    result: dict = {"steps": len(steps), "window": window}
+    for key, metric, _ in CURVES:
+        values = [s[metric] for s in steps]
+        result[f"{key}_first"] = sum(values[:window]) / window
+        result[f"{key}_last"] = sum(values[-window:]) / window
+    result["reward_gain"] = result["reward_last"] - result["reward_first"]
+    timed = [s[STEP_SECONDS] for s in steps[1:]] or [steps[0][STEP_SECONDS]]
+    result["seconds_per_step"] = sum(timed) / len(timed)
+    return result
 
 
-def save_png(steps: list[dict], png: Path) -> None:
+def save_png(steps: list[dict], png: Path, em: dict[str, float]) -> None:
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(6, 3.5))
-    ax.plot([s["step"] for s in steps], [s[REWARD] for s in steps], marker="o")
-    ax.set_xlabel("training step")
-    ax.set_ylabel("mean reward")
-    ax.set_title("MemSearcher on CPU: password task")
-    ax.grid(alpha=0.3)
+    panels = len(CURVES) + bool(em)
+    fig, axes = plt.subplots(1, panels, figsize=(4.2 * panels, 3.5))
+    x = [s["step"] for s in steps]
+    for ax, (_, metric, title) in zip(axes, CURVES, strict=False):
+        ax.plot(x, [s[metric] for s in steps], marker="o")
+        ax.set_xlabel("training step")
+        ax.set_title(title)
+        ax.grid(alpha=0.3)
+    if em:
+        ax = axes[-1]
+        bars = ax.bar(list(em), list(em.values()), color="tab:green")
+        ax.bar_label(bars, fmt="%.2f")
+        ax.set_ylim(0, 1.1)
+        ax.set_title("EM on the task's questions")
+        ax.tick_params(axis="x", labelrotation=20)
+    fig.suptitle("MemSearcher on CPU: password task")
     fig.tight_layout()
     fig.savefig(png, dpi=120)
     plt.close(fig)
 
 
+def named_path(text: str) -> tuple[str, Path]:
+    name, sep, path = text.partition("=")
+    if not sep or not name:
+        raise argparse.ArgumentTypeError(f"--eval {text!r}: expected NAME=PATH, e.g. before_greedy=eval/summary.json")
+    return name, Path(path)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memagent_examples.learn_codes.reward_curve", description=__doc__)
-    parser.add_argument("metrics", type=Path, help="JSON lines written by verl's file logger")
-    parser.add_argument("--png", type=Path, required=True)
-    parser.add_argument("--window", type=int, default=3, help="steps averaged for reward_first / reward_last")
+    parser.add_argument("metrics", type=Path, nargs="?", help="JSON lines written by verl's file logger")
+    parser.add_argument("--follow", action="store_true", help="print a line per step read from stdin, nothing else")
+    parser.add_argument("--print-em", action="store_true", help="print the EM of each --eval run, nothing else")
+    parser.add_argument("--png", type=Path)
+    parser.add_argument("--window", type=int, default=3, help="steps averaged for the first / last values")
+    parser.add_argument("--eval", type=named_path, action="append", default=[], help="NAME=summary.json; repeat")
     args = parser.parse_args(argv)
+    if args.follow:
+        for step in parse_steps(sys.stdin):
+            print(step_line(step), flush=True)
+        return 0
+    if args.print_em:
+        print("EM " + ", ".join(f"{name} {eval_em(path):.3f}" for name, path in args.eval), flush=True)
+        return 0
+    if args.metrics is None or args.png is None:
+        parser.error("metrics and --png are required unless --follow or --print-em")
     steps = read_steps(args.metrics)
-    for s in steps:
-        print(f"step {s['step']:3d}  reward {s[REWARD]:.3f}  ({s[STEP_SECONDS]:.1f} s)")
-    save_png(steps, args.png)
+    em = {name: eval_em(path) for name, path in args.eval}
+    save_png(steps, args.png, em)
     print(f"reward curve: {args.png}")
-    print(json.dumps(summary(steps, args.window)))
+    print(json.dumps({**summary(steps, args.window), **{f"em_{name}": value for name, value in em.items()}}))
     return 0
 
 

@@ -10,11 +10,21 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+from dataclasses import fields
 from pathlib import Path
 
 import pytest
 
+from verl_memagent.algo.agent_metrics import FINISHES, TrajectoryStats
+
 RUN = Path(__file__).resolve().parents[2] / "recipes" / "cpu" / "run.sh"
+AGENT_METRICS = {
+    "trajectories",
+    "memory_capped",
+    "search_time_share",
+    *(f"finish/{finish}" for finish in FINISHES),
+    *(f"{stat.name}/{aggregate}" for stat in fields(TrajectoryStats) for aggregate in ("mean", "max")),
+}
 
 
 @pytest.fixture(scope="session")
@@ -28,7 +38,8 @@ def recipe_cache(tmp_path_factory) -> Path:
 )
 def test_recipe_trains_two_steps(agent, estimator, recipe_cache, tmp_path):
     env = {**os.environ, "WORK": str(tmp_path), "MEMAGENT_CPU_CACHE": str(recipe_cache)}
-    done = subprocess.run(["bash", str(RUN), agent], env=env, capture_output=True, text=True, timeout=900)
+    command = ["bash", str(RUN), agent, "trainer.test_freq=2"]  # validation after the last step
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
 
     assert (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
@@ -45,4 +56,11 @@ def test_recipe_trains_two_steps(agent, estimator, recipe_cache, tmp_path):
         assert metrics["training/rollout_probs_diff_max"] < 1e-3
         if estimator == "multi_context_gae":
             assert metrics["critic/vf_loss"] > 0
+        assert {f"agent/{name}" for name in AGENT_METRICS} <= metrics.keys()
+        assert metrics["agent/trajectories"] == 4  # 2 questions x 2 trajectories, however many contexts
+        assert sum(metrics[f"agent/finish/{finish}"] for finish in FINISHES) == pytest.approx(1.0)
+    sources = {key.split("/")[1] for key in steps[-1]["data"] if key.startswith("val-core/")}
+    assert sources and all(
+        f"val-aux/{source}/agent/{name}" in steps[-1]["data"] for source in sources for name in AGENT_METRICS
+    )
     assert "ready" in (tmp_path / "retriever.log").read_text()  # the real retriever served the run

@@ -146,18 +146,64 @@ def test_copy_pretraining_updates_the_model(tiny_model_dir):
 
 def test_reward_curve_summary_png_and_json(tmp_path, capsys):
     rewards, seconds = [0.0, 0.1, 0.2, 0.3, 0.5, 0.7], [20.0, 4.0, 4.0, 5.0, 5.0, 6.0]
+    answered, searches = [0.5, 0.5, 0.75, 0.75, 1.0, 1.0], [1.0, 1.5, 1.5, 2.0, 2.0, 1.0]
+    lines = [json.dumps({"step": 0, "data": {"val-core/codes/reward/mean@1": 0.1}})]  # validation only
+    for i, values in enumerate(zip(rewards, seconds, answered, searches, strict=True)):
+        keys = ["critic/score/mean", "timing_s/step", "agent/finish/answered", "agent/searches/mean"]
+        data = dict(zip(keys, values, strict=True))
+        lines.append(json.dumps({"step": i + 1, "data": data}))
     metrics = tmp_path / "metrics.jsonl"
-    metrics.write_text(
-        "".join(
-            json.dumps({"step": i + 1, "data": {"critic/score/mean": r, "timing_s/step": s}}) + "\n"
-            for i, (r, s) in enumerate(zip(rewards, seconds, strict=True))
-        )
-    )
-    assert reward_curve_main([str(metrics), "--png", str(tmp_path / "curve.png"), "--window", "2"]) == 0
+    metrics.write_text("\n".join(lines) + "\n")
+    evals = {}
+    for name, em in (("before_greedy", 0.25), ("after_greedy", 0.5)):
+        (tmp_path / name).mkdir()
+        summary_json = {"agents": {"memsearcher": {"overall": {"em": em}}}}
+        (tmp_path / name / "summary.json").write_text(json.dumps(summary_json))
+        evals[name] = tmp_path / name / "summary.json"
+    eval_args = [f"--eval={name}={path}" for name, path in evals.items()]
+    assert reward_curve_main(["--print-em", *eval_args]) == 0
+    assert capsys.readouterr().out == "EM before_greedy 0.250, after_greedy 0.500\n"
+    args = [str(metrics), "--png", str(tmp_path / "curve.png"), "--window", "2"]
+    assert reward_curve_main([*args, *eval_args]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert last == pytest.approx(
-        {"steps": 6, "reward_first": 0.05, "reward_last": 0.6, "reward_gain": 0.55, "seconds_per_step": 4.8}
+        {
+            "steps": 6,
+            "window": 2,
+            "reward_first": 0.05,
+            "reward_last": 0.6,
+            "reward_gain": 0.55,
+            "answered_first": 0.5,
+            "answered_last": 1.0,
+            "searches_first": 1.25,
+            "searches_last": 1.5,
+            "seconds_per_step": 4.8,
+            "em_before_greedy": 0.25,
+            "em_after_greedy": 0.5,
+        }
     )
     assert (tmp_path / "curve.png").read_bytes()[:4] == b"\x89PNG"
-    with pytest.raises(ValueError, match="at least 4 logged steps"):
-        summary([{"critic/score/mean": 0.0, "timing_s/step": 1.0}], window=2)
+    step = {"critic/score/mean": 0.5, "timing_s/step": 9.0, "agent/finish/answered": 1.0, "agent/searches/mean": 1.0}
+    short = summary([{**step, "critic/score/mean": 0.25}, step], window=3)  # a 2-step run: windows of 1
+    assert short["window"] == 1 and short["reward_first"] == 0.25 and short["reward_last"] == 0.5
+    with pytest.raises(ValueError, match="no training step"):
+        summary([], window=2)
+
+
+def test_follow_prints_one_line_per_training_step(tmp_path):
+    lines = [
+        {"step": 0, "data": {"val-core/codes/reward/mean@1": 0.1}},
+        {
+            "step": 1,
+            "data": {
+                "critic/score/mean": 0.25,
+                "timing_s/step": 40.0,
+                "agent/finish/answered": 0.875,
+                "agent/searches/mean": 1.125,
+            },
+        },
+    ]
+    stream = "".join(json.dumps(line) + "\n" for line in lines)
+    command = [sys.executable, "-m", "memagent_examples.learn_codes.reward_curve", "--follow"]
+    done = subprocess.run(command, input=stream, capture_output=True, text=True, check=True, cwd=REPO)
+    assert done.stdout.splitlines() == ["step   1  reward 0.250  answered 0.88  searches 1.12  (40.0 s)"]

@@ -107,6 +107,7 @@ class Mem1AgentLoop(SearchAgentLoop):
             state, reason = self.state_of(generation.text)
             if state is None and self.settings.require_state:
                 return trajectory.finish(reason)
+            context.memory_written = state is not None
             state, carried_state_tokens, truncated = self.truncate(state or "", self.settings.memory_max_tokens)
             context.memory_truncated = truncated
             if truncated and self.settings.memory_overflow != "truncate":

@@ -177,13 +177,12 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
                 return trajectory.finish("context_limit")
             new_memory, closed = parse_memory(memory_gen.text, self.tags["memory"])
             if self.settings.prompt_style == "released_eval" and not (closed and new_memory):
-                memory, memory_tokens = (
-                    "",
-                    0,
-                )  # the released inference client goes on with an empty memory (memsearcher.py:245-310)
+                # the released inference client goes on with an empty memory (memsearcher.py:245-310)
+                memory, memory_tokens = "", 0
                 continue
             if not new_memory:  # the released code goes on only with a non-empty memory
                 return trajectory.finish("no_memory")
+            context.memory_written = True
             memory, memory_tokens, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
             if (not closed or truncated) and overflow_mode != "truncate":
                 # `end`: the released code stops a trajectory whose rewrite ran out of tokens or is too long

@@ -100,6 +100,7 @@ class Context:
     retriever_errors: int = 0
     memory_tokens: int = 0
     memory_truncated: bool = False
+    memory_written: bool = False
     generate_s: float = 0.0
     search_s: float = 0.0
     server_fields: dict[str, Any] = field(default_factory=dict)
@@ -337,6 +338,11 @@ class SearchAgentLoop(AgentLoopBase):
                 "prefill_tokens": context.prefill_tokens,
                 "memory_tokens": context.memory_tokens,
                 "memory_truncated": context.memory_truncated,
+                "memory_written": context.memory_written,
+                # actions taken: one per context for memsearcher and mem1, one per generate call for react
+                "turns": 1 if self.one_output_per_context else context.generate_calls,
+                "generate_s": context.generate_s,
+                "search_s": context.search_s,
                 "searches": context.searches,
                 "retriever_errors": context.retriever_errors,
                 "turn_scores": [],

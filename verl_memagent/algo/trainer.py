@@ -10,6 +10,9 @@ V1 trainers and are registered with `register_trainer`, selected by `trainer.v1.
 The update steps keep the number of optimizer steps per training step fixed by configuration
 (`algorithm.multi_context.fixed_optimizer_steps`): verl sizes a PPO mini-batch in samples
 (`ppo_mini_batch_size * rollout.n`), so trajectories with K turns would make K times the steps.
+
+`AgentMetricsMixin` adds what the agent did (searches, finish reasons, memory, ...) to verl's metrics
+of every training step and validation.
 """
 
 from __future__ import annotations
@@ -29,6 +32,7 @@ from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
 
+from verl_memagent.algo.agent_metrics import agent_metrics, agent_metrics_by_source
 from verl_memagent.algo.config import GAE, GRPO, MultiContextConfig
 from verl_memagent.algo.estimators import TrajectoryLayout
 from verl_memagent.algo.verl_estimators import TrajectoryBatch, providing
@@ -157,16 +161,51 @@ class MultiContextTrainerMixin:
             return super()._update_critic(batch, metrics)
 
 
+class AgentMetricsMixin:
+    """Adds what the agent did (`verl_memagent.algo.agent_metrics`) to verl's metrics of every training
+    step and validation. Reads `extra_fields` from TransferQueue before verl clears the batch."""
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
+        if keys:
+            data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
+            metrics.update(agent_metrics(list(data["extra_fields"])))
+
+    def _validate(self) -> dict[str, float]:
+        """verl's validation; each validation batch's fields are read as the replay buffer hands it out."""
+        fields: list[dict] = []
+        sources: list[str] = []
+        sample = self.replay_buffer.sample
+
+        def sample_and_read(*args, **kwargs):
+            batch, sample_metrics = sample(*args, **kwargs)
+            if batch.keys:
+                data = tq.kv_batch_get(
+                    keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "data_source"]
+                )
+                fields.extend(data["extra_fields"])
+                sources.extend(data["data_source"])
+            return batch, sample_metrics
+
+        self.replay_buffer.sample = sample_and_read
+        try:
+            val_metrics = super()._validate()
+        finally:
+            del self.replay_buffer.sample
+        return {**val_metrics, **agent_metrics_by_source(fields, sources)}
+
+
 @register_trainer("memagent_sync")
-class MultiContextTrainerSync(MultiContextTrainerMixin, PPOTrainerSync):
+class MultiContextTrainerSync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync):
     base_mode = "sync"
 
 
 @register_trainer("memagent_colocate_async")
-class MultiContextTrainerColocateAsync(MultiContextTrainerMixin, PPOTrainerColocateAsync):
+class MultiContextTrainerColocateAsync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync):
     base_mode = "colocate_async"
 
 
 @register_trainer("memagent_separate_async")
-class MultiContextTrainerSeparateAsync(MultiContextTrainerMixin, PPOTrainerSeparateAsync):
+class MultiContextTrainerSeparateAsync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync):
     base_mode = "separate_async"

@@ -6,11 +6,14 @@ workers, a server actor whose `generate` the agent loops call (llm_server.py `LL
 `BaseRollout` "server adapter" living in each training worker, through which the trainer's in-process
 ("naive") sync hands over full weights after every step (engine_workers.py `update_weights`).
 Here the server is an `HFGenerator` on CPU; weights and cache live in host memory, so sleep and wake
-have nothing to free.
+have nothing to free. The colocated trainers run (`sync`, `colocate_async`: the async one pauses the
+server around weight updates with `abort_all_requests` / `resume_generation`); `separate_async` needs
+rollout replicas on GPUs of their own (standalone mode), which this backend does not launch.
 """
 
 from __future__ import annotations
 
+import asyncio
 import os
 from collections.abc import Iterable
 from typing import Any
@@ -67,6 +70,11 @@ class HFServer:
             max_batch_size=config.max_num_seqs,
             seed=config.seed + replica_rank,
         )
+        self._admitting = asyncio.Event()  # cleared between abort_all_requests and resume_generation
+        self._admitting.set()
+        self._in_flight = 0
+        self._idle = asyncio.Event()
+        self._idle.set()
 
     def ready(self) -> bool:
         return True
@@ -78,9 +86,27 @@ class HFServer:
         if "max_tokens" not in sampling_params and "max_new_tokens" not in sampling_params:
             budget = self.config.prompt_length + self.config.response_length - len(prompt_ids)
             sampling_params = {**sampling_params, "max_tokens": max(1, min(self.config.response_length, budget))}
-        return await self.generator.generate(
-            request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs
-        )
+        await self._admitting.wait()
+        self._in_flight += 1
+        self._idle.clear()
+        try:
+            return await self.generator.generate(
+                request_id, prompt_ids=prompt_ids, sampling_params=sampling_params, **kwargs
+            )
+        finally:
+            self._in_flight -= 1
+            if not self._in_flight:
+                self._idle.set()
+
+    async def abort_all_requests(self, reject_request: bool = False) -> None:
+        """The async trainers' pause before a weight update. vLLM cuts running requests short (partial
+        rollout); here they run to their end, which is short on CPU's tiny models, and new ones wait
+        for `resume_generation`. `reject_request` (fail instead of wait) is not supported and ignored."""
+        self._admitting.clear()
+        await self._idle.wait()
+
+    async def resume_generation(self) -> None:
+        self._admitting.set()
 
     def load_weights(self, weights: list[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
         return self.generator.load_weights(weights, global_steps=global_steps)
@@ -103,7 +129,8 @@ class HFReplica(RolloutReplica):
         if self.rollout_mode != RolloutMode.HYBRID:
             raise NotImplementedError(
                 f"hf rollout runs colocated with the trainer (hybrid mode), not {self.rollout_mode.value}: "
-                "keep actor_rollout_ref.hybrid_engine=True and a synchronous trainer.v1.trainer_mode (sync)"
+                "keep actor_rollout_ref.hybrid_engine=True and trainer.v1.trainer_mode sync or colocate_async "
+                "(separate_async runs rollout on its own GPUs)"
             )
         node_id = await self.workers[0].__ray_call__.remote(lambda worker: ray.get_runtime_context().get_node_id())
         name = server_actor_name(self.replica_rank)

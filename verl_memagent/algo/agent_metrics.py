@@ -1,0 +1,121 @@
+"""What the agent did during a rollout, as verl metrics: searches, finish reasons, memory, context, time.
+
+The agent loops tag every output (one per context) with per-context counters in `extra_fields`
+(`verl_memagent.agent.turns`). Here they are grouped back into trajectories by `trajectory_id` and
+aggregated per trajectory, so a 5-turn trajectory counts once, whatever its number of samples.
+Plain functions over lists of `extra_fields` dicts: the trainers feed them the batch's fields and
+merge the result into verl's metrics dict, which verl hands to every `trainer.logger` backend.
+docs/agents.md has the table of names, meanings and aggregations.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import astuple, dataclass, fields
+
+#: finish reasons with a share of their own; any other reason is malformed output ("format_broken")
+FINISH_GROUPS = {"answer": "answered", "max_turns": "out_of_turns", "context_limit": "out_of_tokens"}
+FINISHES = ("answered", "out_of_turns", "out_of_tokens", "format_broken", "penalised")
+
+
+def finish_group(reason: str, penalised: bool) -> str:
+    """One of `FINISHES`: a penalised trajectory (memory overflow in penalty mode) counts as penalised."""
+    if penalised:
+        return "penalised"
+    return FINISH_GROUPS.get(reason, "format_broken")
+
+
+@dataclass(frozen=True)
+class TrajectoryStats:
+    """One trajectory's totals; every field becomes `<name>/mean` and `<name>/max` over trajectories."""
+
+    turns: int
+    contexts: int
+    searches: int
+    retriever_errors: int
+    memory_tokens: int  # the largest memory (MEM1: state) any of its contexts started from
+    peak_context_tokens: int
+    prefill_tokens: int
+    generate_s: float
+    search_s: float
+
+
+@dataclass(frozen=True)
+class Trajectory:
+    stats: TrajectoryStats
+    finish: str
+    memory_rewrites: int
+    memory_capped: int
+
+
+def summarise_trajectory(contexts: Sequence[Mapping]) -> Trajectory:
+    """The totals of one trajectory's contexts (their `extra_fields`, any order)."""
+    last = max(contexts, key=lambda c: c["turn_index"])
+    overflowed = last["finish_reason"] == "memory_overflow"  # the last rewrite ran over and ended it
+    stats = TrajectoryStats(
+        turns=sum(c["turns"] for c in contexts),
+        contexts=len(contexts),
+        searches=sum(c["searches"] for c in contexts),
+        retriever_errors=sum(c["retriever_errors"] for c in contexts),
+        memory_tokens=max(c["memory_tokens"] for c in contexts),
+        peak_context_tokens=max(c["context_tokens"] for c in contexts),
+        prefill_tokens=sum(c["prefill_tokens"] for c in contexts),
+        generate_s=sum(c["generate_s"] for c in contexts),
+        search_s=sum(c["search_s"] for c in contexts),
+    )
+    return Trajectory(
+        stats=stats,
+        finish=finish_group(last["finish_reason"], bool(last["penalised"])),
+        memory_rewrites=sum(bool(c["memory_written"]) for c in contexts),
+        memory_capped=sum(bool(c["memory_truncated"]) or (overflowed and c is last) for c in contexts),
+    )
+
+
+def group_trajectories(extra_fields: Iterable[Mapping]) -> list[list[Mapping]]:
+    """Contexts grouped by `trajectory_id`, in order of first appearance. Outputs of other agent
+    loops (no `trajectory_id`, e.g. verl's single-turn loop) are left out."""
+    groups: dict[str, list[Mapping]] = defaultdict(list)
+    for fields_ in extra_fields:
+        if isinstance(fields_, Mapping) and "trajectory_id" in fields_:
+            groups[str(fields_["trajectory_id"])].append(fields_)
+    return list(groups.values())
+
+
+def aggregate(trajectories: Sequence[Trajectory], prefix: str = "agent") -> dict[str, float]:
+    """`{prefix}/...` metrics over some trajectories; empty when there are none."""
+    if not trajectories:
+        return {}
+    n = len(trajectories)
+    metrics: dict[str, float] = {f"{prefix}/trajectories": float(n)}
+    columns = zip(*(astuple(t.stats) for t in trajectories), strict=True)
+    for field, values in zip(fields(TrajectoryStats), columns, strict=True):
+        metrics[f"{prefix}/{field.name}/mean"] = sum(values) / n
+        metrics[f"{prefix}/{field.name}/max"] = float(max(values))
+    for finish in FINISHES:
+        metrics[f"{prefix}/finish/{finish}"] = sum(t.finish == finish for t in trajectories) / n
+    rewrites = sum(t.memory_rewrites for t in trajectories)
+    metrics[f"{prefix}/memory_capped"] = sum(t.memory_capped for t in trajectories) / rewrites if rewrites else 0.0
+    generate_s = sum(t.stats.generate_s for t in trajectories)
+    search_s = sum(t.stats.search_s for t in trajectories)
+    metrics[f"{prefix}/search_time_share"] = search_s / (generate_s + search_s) if generate_s + search_s else 0.0
+    return metrics
+
+
+def agent_metrics(extra_fields: Iterable[Mapping], prefix: str = "agent") -> dict[str, float]:
+    """The training step's figures: `extra_fields` of every (non-padding) sample of the batch."""
+    return aggregate([summarise_trajectory(group) for group in group_trajectories(extra_fields)], prefix)
+
+
+def agent_metrics_by_source(
+    extra_fields: Sequence[Mapping], data_sources: Sequence[str], section: str = "val-aux"
+) -> dict[str, float]:
+    """Validation's figures per data source, named like verl's per-source scores:
+    `{section}/{data_source}/agent/...`. `data_sources[i]` is the source of `extra_fields[i]`."""
+    by_source: dict[str, list[Mapping]] = defaultdict(list)
+    for fields_, source in zip(extra_fields, data_sources, strict=True):
+        by_source[str(source)].append(fields_)
+    metrics: dict[str, float] = {}
+    for source, source_fields in by_source.items():
+        metrics.update(agent_metrics(source_fields, prefix=f"{section}/{source}/agent"))
+    return metrics
