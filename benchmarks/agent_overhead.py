@@ -2,7 +2,9 @@
 
 A training step runs thousands of trajectories through verl's agent-loop workers, which build one
 loop per sample and drive it while the GPUs generate. This measures that CPU: per-sample setup, per
-turn and per generate call. The policy costs nothing: each trajectory is played once with
+turn and per generate call. The agents run in their default format (the papers' released one)
+unless `--prompt-style` says otherwise, on the scripts of `benchmarks/context_tokens.py` (what a
+trained model writes in that format). The policy costs nothing: each trajectory is played once with
 `ScriptedPolicy` to cut its responses where a server would, and the timed runs replay those token
 ids (no encoding or decoding by the policy). Searches go to the real retriever service (BM25 over
 the bundled corpus, a separate process whose CPU is not counted).
@@ -24,7 +26,7 @@ memsearcher or mem1 (an action, and after a search a memory rewrite for memsearc
 call of react, one assistant turn of verl's loop. Targets: setup under 1 ms; per-turn CPU at most
 verl's on the same conversation.
 
-    python benchmarks/agent_overhead.py [--questions 16] [--turns 5] [--topk 3] [--repeats 3]
+    python benchmarks/agent_overhead.py [--questions 16] [--turns 5] [--topk 3] [--prompt-style STYLE] [--repeats 3]
 """
 
 from __future__ import annotations
@@ -50,10 +52,18 @@ from verl.tools.schemas import ToolResponse  # noqa: E402
 from verl.tools.tool_registry import load_all_tools  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
-from benchmarks.context_tokens import load_questions, script, start_retriever  # noqa: E402
+from benchmarks.context_tokens import (  # noqa: E402
+    ModelFormat,
+    check_trajectory,
+    load_questions,
+    queries_of,
+    script,
+    start_retriever,
+)
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_trainer_config  # noqa: E402
 from verl_memagent.agent.memsearcher import search_tool_schema  # noqa: E402
+from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
 from verl_memagent.search import RetrieverClient, format_documents  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
@@ -102,24 +112,18 @@ def verl_texts(queries: list[str], answer: str, eos: str) -> list[str]:
     return texts
 
 
-def queries_of(question: dict, turns: int) -> list[str]:
-    """The queries of context_tokens.script: the supporting titles, then the question, cycled."""
-    pool = [*question["supporting_titles"], question["question"]]
-    return [pool[turn % len(pool)] for turn in range(turns - 1)]
-
-
-def first_messages(prompts, agent: str, question: str, max_turns: int) -> list[dict]:
+def first_messages(loop, question: str) -> list[dict]:
     """The agent's first-turn chat messages, rendered by its own prompts (verl's loop starts from them)."""
-    if agent == "memsearcher":
-        user = prompts.render("user", question=question, memory="", turns_left=max_turns, last_turn=False)
-        return [{"role": "system", "content": prompts.render("system")}, {"role": "user", "content": user}]
-    return [{"role": "user", "content": prompts.render("user", question=question)}]
+    prompts, max_turns = loop.prompts, loop.settings.max_turns
+    user = prompts.render("user", question=question, memory="", turns_left=max_turns, last_turn=False)
+    system = [{"role": "system", "content": prompts.render("system")}] if "system" in loop.settings.prompts else []
+    return [*system, {"role": "user", "content": user}]
 
 
 class Bench:
     """One worker process's worth of loops: trainer config, agent-loop YAML (ours and verl's), tools."""
 
-    def __init__(self, tokenizer, url: str, topk: int, turns: int, workdir: Path):
+    def __init__(self, tokenizer, url: str, topk: int, turns: int, prompt_style: str, workdir: Path):
         self.tokenizer, self.turns = tokenizer, turns
         tool_yaml = workdir / "search_tool.yaml"
         tool = {
@@ -129,7 +133,7 @@ class Bench:
         }
         tool_yaml.write_text(yaml.safe_dump({"tools": [tool]}))
         # the settings go into the entries, as in a run: the worker passes no per-sample overrides
-        settings = {"max_turns": turns, "retriever_urls": url, "topk": topk, **SETTINGS}
+        settings = {"max_turns": turns, "retriever_urls": url, "topk": topk, "prompt_style": prompt_style, **SETTINGS}
         ours = [{**entry, **settings} for entry in yaml.safe_load(AGENT_LOOPS_YAML.read_text())]
         verl_entry = {"name": VERL_LOOP, "_target_": "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop"}
         self.loops_yaml = workdir / "agent_loops.yaml"
@@ -168,8 +172,10 @@ def row_of(messages: list[dict], question: str) -> dict:
 async def record(bench: Bench, name: str, texts: list[str], row: dict) -> list[TokenOutput]:
     """Play `texts` once through the loop, cut where a server would cut them: the outputs to replay."""
     policy = ScriptedPolicy(bench.tokenizer, texts)
-    await bench.build(name, policy).run(dict(SAMPLING), **row)
-    if len(policy.calls) != len(texts):
+    outputs = await bench.build(name, policy).run(dict(SAMPLING), **row)
+    if name in AGENTS:
+        check_trajectory(name, outputs if isinstance(outputs, list) else [outputs], policy, bench.turns)
+    elif len(policy.calls) != len(texts):
         raise RuntimeError(f"{name}: the loop made {len(policy.calls)} generate calls for {len(texts)} texts")
     return [
         TokenOutput(token_ids=c["token_ids"], log_probs=c["log_probs"], stop_reason="completed") for c in policy.calls
@@ -207,11 +213,12 @@ async def workloads_of(bench: Bench, questions: list[dict], passages: dict) -> d
     workloads: dict[str, list] = {}
     for agent in AGENTS:
         ours, anchor = [], []
-        prompts = bench.build(agent, ReplayPolicy([])).prompts
+        loop = bench.build(agent, ReplayPolicy([]))
+        model = ModelFormat.of(loop)
         for question in questions:
             row = row_of([{"role": "user", "content": question["question"]}], question["question"])
-            ours.append((await record(bench, agent, script(agent, question, passages, turns), row), row))
-            verl_row = row_of(first_messages(prompts, agent, question["question"], turns), question["question"])
+            ours.append((await record(bench, agent, script(model, question, passages, turns), row), row))
+            verl_row = row_of(first_messages(loop, question["question"]), question["question"])
             texts = verl_texts(queries_of(question, turns), question["golden_answers"][0], eos)
             anchor.append((await record(bench, VERL_LOOP, texts, verl_row), verl_row))
         workloads[agent], workloads[f"{VERL_LOOP}@{agent}"] = ours, anchor
@@ -250,6 +257,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--questions", type=int, default=16, help="multi-hop questions, one trajectory each")
     parser.add_argument("--turns", type=int, default=5, help="turns per trajectory: turns-1 searches, then the answer")
     parser.add_argument("--topk", type=int, default=3, help="documents per search")
+    parser.add_argument(
+        "--prompt-style", choices=PROMPT_STYLES, default=AgentSettings.prompt_style, help="the agents' format"
+    )
     parser.add_argument("--repeats", type=int, default=3, help="passes over all trajectories; the median counts")
     args = parser.parse_args(argv)
 
@@ -262,17 +272,17 @@ def main(argv: list[str] | None = None) -> dict:
         build_tokenizer().save_pretrained(workdir / "tokenizer")
         tokenizer = AutoTokenizer.from_pretrained(workdir / "tokenizer")
         questions, passages = load_questions(REPO / "data", args.questions)
-        process, url = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
+        server = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
         try:
-            bench = Bench(tokenizer, url, args.topk, args.turns, workdir)
+            bench = Bench(tokenizer, server.url, args.topk, args.turns, args.prompt_style, workdir)
             results = asyncio.run(measure(bench, questions, passages, args.repeats))
         finally:
-            process.terminate()
-            process.wait()
+            server.stop()
 
     print(
-        f"process CPU ms; {args.questions} trajectories x {args.turns} turns ({args.turns - 1} searches); "
-        f"median of {args.repeats} passes; setup = constructor, build = hydra + constructor"
+        f"process CPU ms; prompt style {args.prompt_style}; {args.questions} trajectories x {args.turns} turns"
+        f" ({args.turns - 1} searches); median of {args.repeats} passes;"
+        " setup = constructor, build = hydra + constructor"
     )
     print(f"{'loop':<24} {'setup':>7} {'1st':>7} {'build':>7} {'per turn':>9} {'per call':>9} {'calls/traj':>10}")
     for name, r in results.items():
@@ -280,7 +290,8 @@ def main(argv: list[str] | None = None) -> dict:
             f"{name:<24} {r['setup_ms']:>7.3f} {r['first_setup_ms']:>7.1f} {r['build_ms']:>7.3f}"
             f" {r['turn_ms']:>9.3f} {r['generate_call_ms']:>9.3f} {r['calls_per_trajectory']:>10.1f}"
         )
-    headline: dict[str, Any] = {"cpu_time": "process", "questions": args.questions, "turns": args.turns}
+    headline: dict[str, Any] = {"cpu_time": "process", "prompt_style": args.prompt_style}
+    headline.update(questions=args.questions, turns=args.turns)
     for agent in AGENTS:
         ours, verl = results[agent], results[f"{VERL_LOOP}@{agent}"]
         for key in ("setup_ms", "build_ms", "turn_ms", "generate_call_ms"):

@@ -2,9 +2,11 @@
 
 Scripted trajectories of 1..10 turns (T-1 searches, then the answer) run through the real agent
 loops, built the way verl builds them, against the real retriever service (BM25 over the bundled
-corpus, started here on a free loopback port). The scripts give the three agents the same reasoning
-and the same queries; memsearcher's memory and mem1's internal state grow by about 40 words of real
-passage text per search, as a model's notes would. For each agent and T it reports the context
+corpus, started here on a free loopback port). The scripts are what a trained model writes in each
+agent's format (its defaults, the papers' released formats, unless `--prompt-style` says otherwise)
+and give the three agents the same reasoning and the same queries; memsearcher's memory and mem1's
+internal state grow by about 40 words of real passage text per search, as a model's notes would.
+Every trajectory must end with its answer, well formed, after T turns. For each agent and T it reports the context
 length of every turn, the peak context, and the total prefill (prompt tokens of every generate call,
 no prefix cache), averaged over the questions; it saves a PNG plot and prints one JSON line last.
 
@@ -12,7 +14,8 @@ Targets: memsearcher and mem1 peaks stay flat within their caps whatever T; reac
 total prefill at T = 10. Also reported: prefill with a prefix cache of the trajectory's earlier
 requests (as vLLM's automatic prefix caching serves them), and peak-context ratios.
 
-    python benchmarks/context_tokens.py [--questions 5] [--tokenizer DIR] [--plot PATH]
+    python benchmarks/context_tokens.py [--questions 5] [--topk 3] [--prompt-style STYLE] [--tokenizer DIR]
+        [--plot PATH]
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -34,6 +38,8 @@ from retriever_process import ServerProcess, serve_command  # noqa: E402
 
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
+from verl_memagent.agent.memsearcher import ToolCallAgentLoop  # noqa: E402
+from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
 MAX_TURNS = 10
@@ -65,31 +71,93 @@ def load_questions(data_dir: Path, count: int) -> tuple[list[dict], dict[str, st
     return questions, passages
 
 
-def script(agent: str, question: dict, passages: dict[str, str], turns: int) -> list[str]:
-    """The policy's texts for a `turns`-turn trajectory of `agent` on `question`."""
+@dataclass(frozen=True)
+class ModelFormat:
+    """What a trained model writes in one agent's format, read off a loop built with that format.
+
+    Tags, tool name and the generation prefix come from the loop's settings and prompts: a prompt that
+    ends with a prefix (released: `<think>`) is continued by the model, so its text starts after it.
+    Every turn ends with the chat template's end-of-turn token, as a model ends its turn (with stop
+    strings the server cuts there first).
+    """
+
+    tags: dict[str, str]
+    tool_name: str | None  # the search is a JSON tool call of this tool; None: a `<search>` tag
+    prefix: str
+    end_of_turn: str
+
+    @classmethod
+    def of(cls, loop) -> ModelFormat:
+        prompts = loop.settings.prompts
+        prefix = loop.prompts.render("generation_prefix") if "generation_prefix" in prompts else ""
+        tool_calls = isinstance(loop, ToolCallAgentLoop) and (loop.agent == "memsearcher" or loop.released)
+        tool_name = loop.settings.tool_name if tool_calls else None
+        end_of_turn = loop.tokenizer.decode(loop.turn_close_ids[-1:] or [loop.tokenizer.eos_token_id])
+        return cls(dict(loop.tags), tool_name, prefix, end_of_turn)
+
+    def turn(self, text: str) -> str:
+        return text.removeprefix(self.prefix) + self.end_of_turn
+
+    def tagged(self, role: str, content: str) -> str:
+        return f"<{self.tags[role]}>{content}</{self.tags[role]}>"
+
+    def search(self, thought: str, query: str, notes: str) -> list[str]:
+        """The texts of a search turn: the action, and for memsearcher the memory rewrite after it."""
+        if "state" in self.tags:  # mem1: the notes are its internal state
+            return [self.turn(self.tagged("state", f"{notes} {thought}") + self.tagged("search", query))]
+        think = self.tagged("think", f" {thought} ")
+        if self.tool_name is None:
+            return [self.turn(think + self.tagged("search", query))]
+        call = json.dumps({"name": self.tool_name, "arguments": {"query": query}})
+        texts = [self.turn(think + "\n" + self.tagged("tool_call", "\n" + call + "\n"))]
+        if "memory" in self.tags:
+            texts.append(self.turn(self.tagged("memory", f" {notes} ")))
+        return texts
+
+    def answer(self, thought: str, answer: str, notes: str) -> str:
+        if "state" in self.tags:
+            return self.turn(self.tagged("state", notes) + self.tagged("answer", answer))
+        think = self.tagged("think", f" {thought} ")
+        if self.tool_name is None:
+            return self.turn(think + self.tagged("answer", answer))
+        return self.turn(f"{think} \\boxed{{{answer}}}")
+
+
+def script(model: ModelFormat, question: dict, passages: dict[str, str], turns: int) -> list[str]:
+    """The policy's texts for a `turns`-turn trajectory on `question`, written in `model`'s format."""
     facts = " ".join(passages[pid] for pid in question["supporting_ids"]).split()
-    queries = [*question["supporting_titles"], question["question"]]
-    answer = question["golden_answers"][0]
     texts = []
-    for turn in range(turns - 1):
-        query = queries[turn % len(queries)]
+    for turn, query in enumerate(queries_of(question, turns)):
         notes = " ".join(facts[: NOTE_WORDS_PER_SEARCH * (turn + 1)])
         thought = f"I still miss a fact about {query}; the passages so far point there, so search it."
-        if agent == "memsearcher":
-            call = json.dumps({"name": "wikipedia_search", "arguments": {"query": query}})
-            texts += [f"<think>{thought}</think>\n<tool_call>{call}</tool_call>", f"<memory>{notes}</memory>"]
-        elif agent == "mem1":
-            texts.append(f"<IS>{notes} {thought}</IS><search>{query}</search>")
-        else:
-            texts.append(f"<think>{thought}</think><search>{query}</search>")
-    final_thought = "The evidence answers the question."
-    if agent == "memsearcher":
-        texts.append(f"<think>{final_thought}</think>\n\\boxed{{{answer}}}<|im_end|>")
-    elif agent == "mem1":
-        texts.append(f"<IS>{' '.join(facts[: NOTE_WORDS_PER_SEARCH * turns])}</IS><answer>{answer}</answer>")
-    else:
-        texts.append(f"<think>{final_thought}</think><answer>{answer}</answer>")
-    return texts
+        texts += model.search(thought, query, notes)
+    notes = " ".join(facts[: NOTE_WORDS_PER_SEARCH * turns])
+    return [*texts, model.answer("The evidence answers the question.", question["golden_answers"][0], notes)]
+
+
+def queries_of(question: dict, turns: int) -> list[str]:
+    """The queries of a `turns`-turn script: the supporting titles, then the question, cycled."""
+    pool = [*question["supporting_titles"], question["question"]]
+    return [pool[turn % len(pool)] for turn in range(turns - 1)]
+
+
+def check_trajectory(agent: str, outputs: list, policy: ScriptedPolicy, turns: int) -> None:
+    """The scripted trajectory played out: every text used, `turns` turns, a well-formed answer."""
+    final = outputs[-1].extra_fields
+    played = final["turns"] if agent == "react" else len(outputs)
+    errors = sum(o.extra_fields["retriever_errors"] for o in outputs)
+    if (final["finish_reason"], final["final_format_ok"], len(policy.calls), played, errors) != (
+        "answer",
+        True,
+        len(policy.texts),
+        turns,
+        0,
+    ):
+        raise RuntimeError(
+            f"{agent} T={turns}: the scripted trajectory ended with {final['finish_reason']!r} after {played} turns,"
+            f" {len(policy.calls)} of {len(policy.texts)} texts played, format ok {final['final_format_ok']},"
+            f" {errors} retriever errors"
+        )
 
 
 def turn_contexts(agent: str, calls: list[dict], turns: int) -> list[int]:
@@ -119,28 +187,20 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-async def run_trajectory(agent, question, passages, turns, config, tokenizer, url, hf_model_type, topk) -> dict:
-    policy = ScriptedPolicy(tokenizer, script(agent, question, passages, turns))
+def build_loop(agent, config, policy, tokenizer, hf_model_type, settings: dict):
+    """One loop as verl builds it, with the papers' limits and the memory agents' context cap."""
     cap = {} if agent == "react" else {"context_max_tokens": MEMORY_CONTEXT_CAP}
-    loop = instantiate_agent_loop(
-        agent,
-        config,
-        policy,
-        tokenizer,
-        hf_model_type,
-        max_turns=turns,
-        retriever_urls=url,
-        topk=topk,
-        **SETTINGS,
-        **cap,
-    )
+    return instantiate_agent_loop(agent, config, policy, tokenizer, hf_model_type, **SETTINGS, **cap, **settings)
+
+
+async def run_trajectory(agent, model, question, passages, turns, config, tokenizer, hf_model_type, settings) -> dict:
+    policy = ScriptedPolicy(tokenizer, script(model, question, passages, turns))
+    loop = build_loop(agent, config, policy, tokenizer, hf_model_type, {**settings, "max_turns": turns})
     sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     row = {"raw_prompt": [{"role": "user", "content": question["question"]}], "extra_info": {}}
     outputs = await loop.run(sampling, **row)
     outputs = outputs if isinstance(outputs, list) else [outputs]
-    finish = outputs[-1].extra_fields["finish_reason"]
-    if finish != "answer" or any(o.extra_fields["retriever_errors"] for o in outputs):
-        raise RuntimeError(f"{agent} T={turns}: the scripted trajectory ended with {finish!r}")
+    check_trajectory(agent, outputs, policy, turns)
     per_turn = turn_contexts(agent, policy.calls, turns)
     return {
         "per_turn": per_turn,
@@ -187,13 +247,14 @@ def mean_of(runs: list[dict]) -> dict:
     }
 
 
-async def measure(questions, passages, tokenizer, url, hf_model_type, topk) -> dict:
+async def measure(questions, passages, tokenizer, hf_model_type, settings: dict) -> dict:
     config = verl_trainer_config(prompt_length=32768, response_length=32768)
     results = {agent: {} for agent in AGENTS}
     for agent in AGENTS:
+        model = ModelFormat.of(build_loop(agent, config, None, tokenizer, hf_model_type, settings))
         for turns in range(1, MAX_TURNS + 1):
             runs = [
-                await run_trajectory(agent, q, passages, turns, config, tokenizer, url, hf_model_type, topk)
+                await run_trajectory(agent, model, q, passages, turns, config, tokenizer, hf_model_type, settings)
                 for q in questions
             ]
             results[agent][turns] = mean_of(runs)
@@ -204,6 +265,9 @@ def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--questions", type=int, default=5, help="multi-hop questions averaged over")
     parser.add_argument("--topk", type=int, default=3, help="documents per search (Search-R1: 3, MemSearcher: 5)")
+    parser.add_argument(
+        "--prompt-style", choices=PROMPT_STYLES, default=AgentSettings.prompt_style, help="the agents' format"
+    )
     parser.add_argument("--tokenizer", help="tokenizer directory with a chat template (default: the tiny BPE)")
     parser.add_argument("--plot", help="PNG path (default: a temporary directory)")
     args = parser.parse_args(argv)
@@ -224,7 +288,8 @@ def main(argv: list[str] | None = None) -> dict:
         questions, passages = load_questions(REPO / "data", args.questions)
         server = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
         try:
-            results = asyncio.run(measure(questions, passages, tokenizer, server.url, hf_model_type, args.topk))
+            settings = {"retriever_urls": server.url, "topk": args.topk, "prompt_style": args.prompt_style}
+            results = asyncio.run(measure(questions, passages, tokenizer, hf_model_type, settings))
         finally:
             server.stop()
         plot_path = Path(args.plot) if args.plot else Path(tempfile.mkdtemp()) / "context_tokens.png"
@@ -242,6 +307,7 @@ def main(argv: list[str] | None = None) -> dict:
     headline = {
         "tokenizer": "tiny BPE (verl_memagent.tiny_model)" if not args.tokenizer else args.tokenizer,
         "questions": len(questions),
+        "prompt_style": args.prompt_style,
         "prefill_ratio_react_over_memsearcher_t10": round(t10["react"]["prefill"] / t10["memsearcher"]["prefill"], 2),
         "prefill_ratio_react_over_mem1_t10": round(t10["react"]["prefill"] / t10["mem1"]["prefill"], 2),
         "memsearcher_peak_context": peaks["memsearcher"],
