@@ -17,6 +17,7 @@ TokenTemplate did; `released_eval` encodes the whole text, as SGLang did for the
 from __future__ import annotations
 
 import re
+from functools import cached_property
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
@@ -87,16 +88,20 @@ class ToolCallAgentLoop(SearchAgentLoop):
     def format_documents(self, documents: list[Document]) -> str:
         return released_documents(documents) if self.released else super().format_documents(documents)
 
-    def prompt_ids(self, messages: list[dict], values: dict[str, str]) -> list[int]:
-        """Token ids of `messages` (rendered with stand-ins for `values`) and the generation prefix.
+    def prompt_text(self, messages: list[dict]) -> str:
+        """The chat template's text of `messages` up to the assistant's turn, and the generation prefix."""
+        return self.chat_text(messages, tools=self.tools) + self.prompts.render("generation_prefix")
 
-        `released_train` encodes the template's text and each value separately, `released_eval` the
-        whole text.
+    def prompt_ids(self, text: str, values: dict[str, str]) -> list[int]:
+        """Token ids of a prompt's `text` with stand-ins replaced by `values`.
+
+        `released_train` encodes the template's text and each value separately (the template's pieces,
+        the same every turn, once per process), `released_eval` the whole text.
         """
-        text = self.chat_text(messages, tools=self.tools) + self.prompts.render("generation_prefix")
         if self.settings.prompt_style == "released_train" and values:
             pieces = re.split("(" + "|".join(map(re.escape, values)) + ")", text)
-            return [token for piece in pieces if piece for token in self.encode(values.get(piece, piece))]
+            encoded = [self.encode(values[p]) if p in values else self.encode_constant(p) for p in pieces]
+            return [token for ids in encoded for token in ids]
         for stand_in, value in values.items():
             text = text.replace(stand_in, value)
         return self.encode(text)
@@ -126,12 +131,17 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
     ours_stop_tags = ("tool_call", "memory")
     default_tags = {"think": "think", "tool_call": "tool_call", "question": "question", "memory": "memory"}
 
+    @cached_property
+    def released_prompt_text(self) -> str:
+        """A released turn's prompt text with stand-ins for the question and memory: the same every turn."""
+        user = self.prompts.render("user", question=_QUESTION, memory=_MEMORY)
+        system = self.prompts.render("system")
+        return self.prompt_text([{"role": "system", "content": system}, {"role": "user", "content": user}])
+
     async def turn_prompt_ids(self, question: str, memory: str, turn: int) -> list[int]:
         max_turns = self.settings.max_turns
         if self.released:
-            user = self.prompts.render("user", question=_QUESTION, memory=_MEMORY)
-            messages = [{"role": "system", "content": self.prompts.render("system")}, {"role": "user", "content": user}]
-            return self.prompt_ids(messages, {_QUESTION: question, _MEMORY: memory})
+            return self.prompt_ids(self.released_prompt_text, {_QUESTION: question, _MEMORY: memory})
         user = self.prompts.render(
             "user", question=question, memory=memory, turns_left=max_turns - turn, last_turn=turn == max_turns - 1
         )

@@ -163,7 +163,8 @@ class Prompts:
     """The agent's templates compiled once; `render(name, **variables)` fills one in.
 
     Every template is rendered once at construction, so a typo or an unknown variable fails there,
-    naming the template, instead of in the middle of a rollout.
+    naming the template, instead of in the middle of a rollout. A template rendered without
+    variables (the system text, a generation prefix) is the same every time: rendered once.
     """
 
     def __init__(self, settings: AgentSettings):
@@ -174,6 +175,7 @@ class Prompts:
             "memory_max_tokens": settings.memory_max_tokens,
         }
         self._templates = {}
+        self._fixed: dict[str, str] = {}
         for name, text in settings.prompts.items():
             try:
                 self._templates[name] = env.from_string(text)
@@ -183,4 +185,8 @@ class Prompts:
                 raise ValueError(f"prompts.{name}: {exc}; templates may use {known}") from exc
 
     def render(self, name: str, **variables: Any) -> str:
-        return self._templates[name].render(**self._constants, **variables)
+        if variables:
+            return self._templates[name].render(**self._constants, **variables)
+        if name not in self._fixed:
+            self._fixed[name] = self._templates[name].render(**self._constants)
+        return self._fixed[name]

@@ -14,7 +14,7 @@ import logging
 import time
 import uuid
 from dataclasses import dataclass, field
-from functools import cache
+from functools import cache, lru_cache
 from typing import Any, ClassVar
 
 import httpx
@@ -57,6 +57,12 @@ def shared_retriever(settings: AgentSettings) -> RetrieverClient:
 def _shared_turn_close_ids(tokenizer, chat_template: ByValue, chat_template_kwargs: ByValue) -> tuple[int, ...]:
     """`assistant_turn_close_ids` once per process for each tokenizer, chat template and template kwargs."""
     return tuple(assistant_turn_close_ids(tokenizer, chat_template_kwargs.value))
+
+
+@lru_cache(maxsize=256)
+def _constant_ids(tokenizer, text: str) -> tuple[int, ...]:
+    """Token ids of a text that is the same in every trajectory, encoded once per process and tokenizer."""
+    return tuple(tokenizer.encode(text, add_special_tokens=False))
 
 
 def assistant_turn_close_ids(tokenizer, chat_template_kwargs: dict | None = None) -> list[int]:
@@ -205,6 +211,10 @@ class SearchAgentLoop(AgentLoopBase):
 
     def encode(self, text: str) -> list[int]:
         return self.tokenizer.encode(text, add_special_tokens=False)
+
+    def encode_constant(self, text: str) -> tuple[int, ...]:
+        """`encode` for text that is the same in every trajectory (template pieces): once per process."""
+        return _constant_ids(self.tokenizer, text)
 
     def chat_text(self, messages: list[dict], tools=None) -> str:
         """The chat template's text of `messages` up to and including the assistant's generation prompt."""
