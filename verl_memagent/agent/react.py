@@ -79,4 +79,4 @@ class ReactAgentLoop(ToolCallAgentLoop):
         history = [{"role": "user", "content": ""}, {"role": "assistant", "content": action_text}]
         if not await self.insert_messages(context, history, self.tool_messages(action_text, documents)):
             return False
-        return self.add_observation(context, self.prompts.render("generation_prefix"))
+        return self.add_inserted_ids(context, self.encode_constant(self.prompts.render("generation_prefix")))

@@ -186,6 +186,7 @@ class SearchAgentLoop(AgentLoopBase):
         template_kwargs = ByValue(self.apply_chat_template_kwargs)
         self.turn_close_ids = list(_shared_turn_close_ids(tokenizer, ByValue(tokenizer.chat_template), template_kwargs))
         self.eos_ids = {tokenizer.eos_token_id, *self.turn_close_ids[-1:]}
+        self._encoded: dict[str, list[int]] = {}
 
     # ---- verl entry point -------------------------------------------------------------------------
 
@@ -210,7 +211,11 @@ class SearchAgentLoop(AgentLoopBase):
         return [f"</{self.tags[role]}>" for role in self.stop_tags]
 
     def encode(self, text: str) -> list[int]:
-        return self.tokenizer.encode(text, add_special_tokens=False)
+        """Token ids of `text`, each text encoded once per loop (one trajectory): a memory is encoded
+        for its cap and again for the next prompt, the question for every turn's prompt."""
+        if text not in self._encoded:
+            self._encoded[text] = self.tokenizer.encode(text, add_special_tokens=False)
+        return list(self._encoded[text])
 
     def encode_constant(self, text: str) -> tuple[int, ...]:
         """`encode` for text that is the same in every trajectory (template pieces): once per process."""
@@ -239,10 +244,13 @@ class SearchAgentLoop(AgentLoopBase):
 
     def add_observation(self, context: Context, text: str) -> bool:
         """Append an observation (masked) if it leaves room to generate; False (nothing added) otherwise."""
-        ids = self.encode(text)
+        return self.add_inserted_ids(context, self.encode(text))
+
+    def add_inserted_ids(self, context: Context, ids: list[int] | tuple[int, ...]) -> bool:
+        """Append inserted tokens (masked) if they leave room to generate; False (nothing added) otherwise."""
         if len(ids) >= self.room(context):
             return False
-        context.add_inserted(ids)
+        context.add_inserted(list(ids))
         return True
 
     async def generate(self, context: Context, sampling_params: dict[str, Any]) -> Generation | None:
