@@ -115,6 +115,11 @@ class Context:
     def token_ids(self) -> list[int]:
         return self.prompt_ids + self.response_ids
 
+    @property
+    def length(self) -> int:
+        """len(token_ids), without building the list."""
+        return len(self.prompt_ids) + len(self.response_ids)
+
     def add_generated(self, generation: Generation) -> None:
         self.response_ids += generation.token_ids
         self.response_mask += [1] * len(generation.token_ids)
@@ -240,7 +245,7 @@ class SearchAgentLoop(AgentLoopBase):
 
     def room(self, context: Context) -> int:
         """Tokens the context can still take under the context and response caps."""
-        return min(self.context_cap - len(context.token_ids), self.response_cap - len(context.response_ids))
+        return min(self.context_cap - context.length, self.response_cap - len(context.response_ids))
 
     def add_observation(self, context: Context, text: str) -> bool:
         """Append an observation (masked) if it leaves room to generate; False (nothing added) otherwise."""
@@ -267,7 +272,7 @@ class SearchAgentLoop(AgentLoopBase):
             priority=self._priority,
         )
         context.generate_s += time.perf_counter() - start
-        context.prefill_tokens += len(context.token_ids)
+        context.prefill_tokens += context.length
         context.generate_calls += 1
         _merge_server_fields(context.server_fields, output.extra_fields or {})
         ids = list(output.token_ids)
@@ -319,7 +324,7 @@ class SearchAgentLoop(AgentLoopBase):
             closed.response_logprobs,
             tools=tools,
         )
-        if len(merge.token_ids) >= len(context.token_ids) + self.room(context):
+        if len(merge.token_ids) >= context.length + self.room(context):
             return False
         context.response_ids = merge.token_ids[len(context.prompt_ids) :]
         context.response_mask = mask
@@ -351,7 +356,7 @@ class SearchAgentLoop(AgentLoopBase):
                 # the answer and format verdict the rewards score (reward/scores.py): ours, with our tags
                 "final_answer": trajectory.answer.answer if trajectory.answer else None,
                 "final_format_ok": bool(trajectory.answer and trajectory.answer.format_ok),
-                "context_tokens": len(context.token_ids),
+                "context_tokens": context.length,
                 "prompt_tokens": len(context.prompt_ids),
                 "prefill_tokens": context.prefill_tokens,
                 "memory_tokens": context.memory_tokens,
