@@ -27,6 +27,7 @@ call of react, one assistant turn of verl's loop. Targets: setup under 1 ms; per
 verl's on the same conversation.
 
     python benchmarks/agent_overhead.py [--questions 16] [--turns 5] [--topk 3] [--prompt-style STYLE] [--repeats 3]
+        [--observation-max-tokens N]
 """
 
 from __future__ import annotations
@@ -70,8 +71,6 @@ AGENTS = ("memsearcher", "mem1", "react")
 VERL_LOOP = "tool_agent"
 TOOL_NAME = "wikipedia_search"
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
-#: the papers' per-call and memory limits; observations long enough that topk documents are not cut
-SETTINGS = {"max_new_tokens": 512, "memory_max_tokens": 1024, "observation_max_tokens": 2048}
 CONTEXT_CAP = 32768
 
 
@@ -123,7 +122,7 @@ def first_messages(loop, question: str) -> list[dict]:
 class Bench:
     """One worker process's worth of loops: trainer config, agent-loop YAML (ours and verl's), tools."""
 
-    def __init__(self, tokenizer, url: str, topk: int, turns: int, prompt_style: str, workdir: Path):
+    def __init__(self, tokenizer, url: str, topk: int, turns: int, prompt_style: str, workdir: Path, **settings):
         self.tokenizer, self.turns = tokenizer, turns
         tool_yaml = workdir / "search_tool.yaml"
         tool = {
@@ -132,8 +131,9 @@ class Bench:
             "tool_schema": search_tool_schema(TOOL_NAME),
         }
         tool_yaml.write_text(yaml.safe_dump({"tools": [tool]}))
-        # the settings go into the entries, as in a run: the worker passes no per-sample overrides
-        settings = {"max_turns": turns, "retriever_urls": url, "topk": topk, "prompt_style": prompt_style, **SETTINGS}
+        # the settings go into the entries, as in a run: the worker passes no per-sample overrides;
+        # the rest are each agent's defaults from its agent-loop YAML entry (the papers' released ones)
+        settings = {"max_turns": turns, "retriever_urls": url, "topk": topk, "prompt_style": prompt_style, **settings}
         ours = [{**entry, **settings} for entry in yaml.safe_load(AGENT_LOOPS_YAML.read_text())]
         verl_entry = {"name": VERL_LOOP, "_target_": "verl.experimental.agent_loop.tool_agent_loop.ToolAgentLoop"}
         self.loops_yaml = workdir / "agent_loops.yaml"
@@ -261,7 +261,13 @@ def main(argv: list[str] | None = None) -> dict:
         "--prompt-style", choices=PROMPT_STYLES, default=AgentSettings.prompt_style, help="the agents' format"
     )
     parser.add_argument("--repeats", type=int, default=3, help="passes over all trajectories; the median counts")
+    parser.add_argument(
+        "--observation-max-tokens",
+        type=int,
+        help="cap every agent's observations at this many tokens (default: each agent's own; none: memsearcher, react)",
+    )
     args = parser.parse_args(argv)
+    cap = {} if args.observation_max_tokens is None else {"observation_max_tokens": args.observation_max_tokens}
 
     from transformers import AutoTokenizer
 
@@ -274,7 +280,7 @@ def main(argv: list[str] | None = None) -> dict:
         questions, passages = load_questions(REPO / "data", args.questions)
         server = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
         try:
-            bench = Bench(tokenizer, server.url, args.topk, args.turns, args.prompt_style, workdir)
+            bench = Bench(tokenizer, server.url, args.topk, args.turns, args.prompt_style, workdir, **cap)
             results = asyncio.run(measure(bench, questions, passages, args.repeats))
         finally:
             server.stop()
@@ -291,6 +297,7 @@ def main(argv: list[str] | None = None) -> dict:
             f" {r['turn_ms']:>9.3f} {r['generate_call_ms']:>9.3f} {r['calls_per_trajectory']:>10.1f}"
         )
     headline: dict[str, Any] = {"cpu_time": "process", "prompt_style": args.prompt_style}
+    headline["observation_max_tokens"] = args.observation_max_tokens
     headline.update(questions=args.questions, turns=args.turns)
     for agent in AGENTS:
         ours, verl = results[agent], results[f"{VERL_LOOP}@{agent}"]

@@ -66,5 +66,7 @@ async def test_bad_settings_fail_at_construction(run_agent, tokenizer):
         await run_agent("memsearcher", ScriptedPolicy(tokenizer, []), memory_overflow="drop")
     with pytest.raises(Exception, match="topk"):
         await run_agent("react", ScriptedPolicy(tokenizer, []), topk=0)
+    with pytest.raises(Exception, match="observation_max_tokens: expected a positive integer or null"):
+        await run_agent("mem1", ScriptedPolicy(tokenizer, []), observation_max_tokens=0)
     with pytest.raises(Exception, match="prompts.user: .*questoin"):
         await run_agent("react", ScriptedPolicy(tokenizer, []), prompts={"user": "{{ questoin }}"})

@@ -160,3 +160,52 @@ async def test_react_is_memsearchers_format_with_the_whole_history(run_released,
     last_turn = response.rsplit("<|im_start|>assistant\n", 1)[1].removesuffix(EOS)
     assert output.extra_fields["final_response"] == last_turn
     assert f1_with_format("t", "", ["Leda"], dict(output.extra_fields))["score"] == 1.0
+
+
+async def released_documents_of(retriever_url, agent: str, query: str, topk: int) -> str:
+    from verl_memagent.agent import mem1, memsearcher
+    from verl_memagent.search import RetrieverClient
+
+    documents = (await RetrieverClient(retriever_url).search([query], topk))[0]
+    return (mem1 if agent == "mem1" else memsearcher).released_documents(documents)
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "react"])
+async def test_memsearcher_and_react_documents_are_uncut_by_default(run_released, qwen_tokenizer, retriever_url, agent):
+    """The released code caps no tool response: the default (`observation_max_tokens: null`) passes all
+    ten passages; a cap, when set, cuts the documents to that many tokens."""
+    encode = lambda s: qwen_tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    documents = await released_documents_of(retriever_url, agent, "Leda", 10)
+    assert len(encode(documents)) > 200
+    capped = qwen_tokenizer.decode(encode(documents)[:40])
+    for cap, expected in ((None, documents), (40, capped)):
+        script = [MS_SEARCH, "<memory> Leda. </memory>" + EOS, "t </think> \\boxed{Leda}"]
+        policy = ScriptedPolicy(qwen_tokenizer, script)
+        settings = {} if cap is None else {"observation_max_tokens": cap}
+        await run_released(agent, policy, QUESTION, **settings)
+        seen = qwen_tokenizer.decode(policy.calls[1]["prompt_ids"], skip_special_tokens=False)
+        assert f"}}\n{expected}\n</tool_response>" in seen
+
+
+async def test_mem1_released_train_cuts_the_whole_observation(run_released, qwen_tokenizer, retriever_url):
+    """generation_think.py:89-98 cuts the tokenised observation (tags and hint included) at
+    max_obs_length; `released_eval` and `ours` cut the documents only."""
+    script = ["<think>Nothing yet.</think>\n<search>Leer town</search>", "<think>Known.</think><answer>Leda</answer>"]
+    encode = lambda s: qwen_tokenizer.encode(s, add_special_tokens=False)  # noqa: E731
+    full = ScriptedPolicy(qwen_tokenizer, script)
+    await run_released("mem1", full, QUESTION)
+    capped = ScriptedPolicy(qwen_tokenizer, script)
+    await run_released("mem1", capped, QUESTION, observation_max_tokens=30)
+
+    kept = full.calls[0]["prompt_ids"] + full.calls[0]["token_ids"]
+    observation = full.calls[1]["prompt_ids"][len(kept) :]
+    assert len(observation) > 30 and encode(qwen_tokenizer.decode(observation)) == observation
+    assert capped.calls[1]["prompt_ids"] == kept + observation[:30]
+    assert "</information>" not in qwen_tokenizer.decode(capped.calls[1]["prompt_ids"])
+
+    documents = await released_documents_of(retriever_url, "mem1", "Leer town", 3)
+    eval_capped = ScriptedPolicy(qwen_tokenizer, script)
+    await run_released("mem1", eval_capped, QUESTION, observation_max_tokens=30, prompt_style="released_eval")
+    seen = qwen_tokenizer.decode(eval_capped.calls[1]["prompt_ids"])
+    assert len(encode(documents)) > 30 and documents not in seen
+    assert qwen_tokenizer.decode(encode(documents)[:30]) + "\n</information>" in seen

@@ -56,3 +56,11 @@ def test_settings_are_keyed_by_their_value():
     assert ByValue({"stop": ["</a>"]}) != ByValue({"stop": "</a>"})
     assert ByValue(OmegaConf.create({"tags": {"a": "b"}, "topk": 2})) == ByValue({"topk": 2, "tags": {"a": "b"}})
     assert hash(ByValue({"b": [1, 2], "a": None})) == hash(ByValue({"a": None, "b": [1, 2]}))
+
+
+def test_released_prompt_is_rendered_once_per_process(trainer_config, tokenizer):
+    loops = [build(trainer_config, tokenizer, "memsearcher", max_new_tokens=507) for _ in range(3)]
+    assert all(loop.released_prompt_pieces is loops[0].released_prompt_pieces for loop in loops)
+    other = build(trainer_config, tokenizer, "memsearcher", max_new_tokens=507, prompts={"system": "Other system."})
+    assert "Other system." in "".join(other.released_prompt_pieces)
+    assert "Other system." not in "".join(loops[0].released_prompt_pieces)

@@ -53,6 +53,17 @@ class Mem1AgentLoop(SearchAgentLoop):
     def format_documents(self, documents: list[Document]) -> str:
         return super().format_documents(documents) if self.style == "ours" else released_documents(documents)
 
+    @property
+    def documents_cap(self) -> int | None:
+        """`released_train` cuts the whole observation instead (`observation_ids`), as the released code did."""
+        return None if self.style == "released_train" else super().documents_cap
+
+    def observation_ids(self, observation: str) -> list[int]:
+        """The observation's ids; `released_train` cuts them at `observation_max_tokens`, hint and tags
+        included, as the released training code cut the tokenised observation (generation_think.py:96-98)."""
+        ids, cap = self.encode(observation), self.settings.observation_max_tokens
+        return ids[:cap] if self.style == "released_train" and cap is not None else ids
+
     def state_of(self, text: str) -> tuple[str | None, str]:
         """The internal state written before the action, or (None, reason) when there is none."""
         tag = self.tags["state"]
@@ -127,6 +138,6 @@ class Mem1AgentLoop(SearchAgentLoop):
                 kept = (
                     f"<{tags['state']}>{state}</{tags['state']}>\n<{tags['search']}>{action.query}</{tags['search']}>"
                 )
-                prompt_ids = base_ids + self.encode(kept) + self.encode(observation)
+                prompt_ids = base_ids + self.encode(kept) + self.observation_ids(observation)
             else:
-                prompt_ids = base_ids + self.kept_ids(generation) + self.encode(observation)
+                prompt_ids = base_ids + self.kept_ids(generation) + self.observation_ids(observation)

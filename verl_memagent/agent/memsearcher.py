@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import re
 from functools import cached_property
+from itertools import chain
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
@@ -92,20 +93,6 @@ class ToolCallAgentLoop(SearchAgentLoop):
         """The chat template's text of `messages` up to the assistant's turn, and the generation prefix."""
         return self.chat_text(messages, tools=self.tools) + self.prompts.render("generation_prefix")
 
-    def prompt_ids(self, text: str, values: dict[str, str]) -> list[int]:
-        """Token ids of a prompt's `text` with stand-ins replaced by `values`.
-
-        `released_train` encodes the template's text and each value separately (the template's pieces,
-        the same every turn, once per process), `released_eval` the whole text.
-        """
-        if self.settings.prompt_style == "released_train" and values:
-            pieces = re.split("(" + "|".join(map(re.escape, values)) + ")", text)
-            encoded = [self.encode(values[p]) if p in values else self.encode_constant(p) for p in pieces]
-            return [token for ids in encoded for token in ids]
-        for stand_in, value in values.items():
-            text = text.replace(stand_in, value)
-        return self.encode(text)
-
     def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
         """The outputs; released, `final_response` is the final assistant turn opened by the prompt's
         `<think>`: the text the released reward judged (re_call.py:97-184)."""
@@ -132,16 +119,33 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
     default_tags = {"think": "think", "tool_call": "tool_call", "question": "question", "memory": "memory"}
 
     @cached_property
-    def released_prompt_text(self) -> str:
-        """A released turn's prompt text with stand-ins for the question and memory: the same every turn."""
-        user = self.prompts.render("user", question=_QUESTION, memory=_MEMORY)
-        system = self.prompts.render("system")
-        return self.prompt_text([{"role": "system", "content": system}, {"role": "user", "content": user}])
+    def released_prompt_pieces(self) -> tuple[str, ...]:
+        """A released turn's prompt text split around the question's and memory's stand-ins: the same
+        text every turn of every trajectory, rendered once per process."""
+
+        def render() -> tuple[str, ...]:
+            user = self.prompts.render("user", question=_QUESTION, memory=_MEMORY)
+            messages = [{"role": "system", "content": self.prompts.render("system")}, {"role": "user", "content": user}]
+            return tuple(re.split(f"({re.escape(_QUESTION)}|{re.escape(_MEMORY)})", self.prompt_text(messages)))
+
+        return self.per_process("released_prompt_pieces", render)
+
+    def released_prompt_ids(self, values: dict[str, str]) -> list[int]:
+        """Token ids of a released turn's prompt with the stand-ins replaced by `values`.
+
+        `released_train` encodes the template's text and each value separately, as the released
+        TokenTemplate did (the template's pieces once per process), `released_eval` the whole text.
+        """
+        pieces = self.released_prompt_pieces
+        if self.settings.prompt_style == "released_eval":
+            return self.encode("".join(values.get(piece, piece) for piece in pieces))
+        encoded = (self.encode(values[p]) if p in values else self.encode_constant(p) for p in pieces)
+        return list(chain.from_iterable(encoded))
 
     async def turn_prompt_ids(self, question: str, memory: str, turn: int) -> list[int]:
         max_turns = self.settings.max_turns
         if self.released:
-            return self.prompt_ids(self.released_prompt_text, {_QUESTION: question, _MEMORY: memory})
+            return self.released_prompt_ids({_QUESTION: question, _MEMORY: memory})
         user = self.prompts.render(
             "user", question=question, memory=memory, turns_left=max_turns - turn, last_turn=turn == max_turns - 1
         )

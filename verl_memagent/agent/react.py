@@ -45,7 +45,7 @@ class ReactAgentLoop(ToolCallAgentLoop):
         user = {"role": "user", "content": self.prompts.render("user", question=question)}
         if self.released:
             messages = [{"role": "system", "content": self.prompts.render("system")}, user]
-            prompt_ids = self.prompt_ids(self.prompt_text(messages), {})
+            prompt_ids = self.encode(self.prompt_text(messages))
         else:
             prompt_ids = await self.ct_build_initial_tokens([user])
         context = Context(prompt_ids=prompt_ids)

@@ -47,7 +47,8 @@ class AgentSettings:
         trajectory there (`end`, the released MemSearcher code), is cut to the cap and the trajectory
         goes on (`truncate`, ours: the model keeps its turn), or ends it with `penalised` set, so
         rewards give 0 (`penalty`).
-      observation_max_tokens: the formatted documents of one search are cut to this many tokens.
+      observation_max_tokens: the formatted documents of one search are cut to this many tokens;
+        None: no cap (the released MemSearcher code; the documents are then never encoded on their own).
       context_max_tokens: prompt + response of one context; None means verl's
         rollout.prompt_length + rollout.response_length. Generation stops there (`context_limit`).
       topk: documents per search.
@@ -72,7 +73,7 @@ class AgentSettings:
     max_new_tokens: int = 512
     memory_max_tokens: int = 1024
     memory_overflow: str = "end"
-    observation_max_tokens: int = 1024
+    observation_max_tokens: int | None = 1024
     context_max_tokens: int | None = None
     stop: list[str] | None = None
     tool_name: str = "wikipedia_search"
@@ -82,11 +83,12 @@ class AgentSettings:
     prompts: dict[str, str] = field(default_factory=dict)
 
     def __post_init__(self):
-        for name in ("topk", "max_turns", "max_new_tokens", "memory_max_tokens", "observation_max_tokens"):
+        for name in ("topk", "max_turns", "max_new_tokens", "memory_max_tokens"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer, got {getattr(self, name)!r}")
-        if self.context_max_tokens is not None and self.context_max_tokens < 1:
-            raise ValueError(f"context_max_tokens: expected a positive integer or null, got {self.context_max_tokens}")
+        for name in ("observation_max_tokens", "context_max_tokens"):
+            if getattr(self, name) is not None and getattr(self, name) < 1:
+                raise ValueError(f"{name}: expected a positive integer or null, got {getattr(self, name)!r}")
         if self.memory_overflow not in MEMORY_OVERFLOW_MODES:
             raise ValueError(f"memory_overflow: expected one of {MEMORY_OVERFLOW_MODES}, got {self.memory_overflow!r}")
         if self.prompt_style not in PROMPT_STYLES:

@@ -13,6 +13,7 @@ import asyncio
 import logging
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import cache, lru_cache
 from typing import Any, ClassVar
@@ -31,6 +32,7 @@ logger = logging.getLogger(__name__)
 SEARCH_FAILED = "The search engine is unavailable: no documents were returned."
 
 _CLIENTS: dict[tuple, RetrieverClient] = {}
+_PER_PROCESS: dict[tuple, Any] = {}
 
 
 def shared_retriever(settings: AgentSettings) -> RetrieverClient:
@@ -188,8 +190,9 @@ class SearchAgentLoop(AgentLoopBase):
         self.response_cap = int(rollout.response_length)
         self.context_cap = self.settings.context_max_tokens or int(rollout.prompt_length) + self.response_cap
         self.retriever = shared_retriever(self.settings)
-        template_kwargs = ByValue(self.apply_chat_template_kwargs)
-        self.turn_close_ids = list(_shared_turn_close_ids(tokenizer, ByValue(tokenizer.chat_template), template_kwargs))
+        #: what the rendering of a chat depends on besides the messages: keys the per-process caches
+        self.template_key = (tokenizer, ByValue(tokenizer.chat_template), ByValue(self.apply_chat_template_kwargs))
+        self.turn_close_ids = list(_shared_turn_close_ids(*self.template_key))
         self.eos_ids = {tokenizer.eos_token_id, *self.turn_close_ids[-1:]}
         self._encoded: dict[str, list[int]] = {}
 
@@ -215,12 +218,25 @@ class SearchAgentLoop(AgentLoopBase):
             return list(self.settings.stop)
         return [f"</{self.tags[role]}>" for role in self.stop_tags]
 
+    @property
+    def documents_cap(self) -> int | None:
+        """Tokens one search's formatted documents are cut to: `observation_max_tokens` (None: no cap)."""
+        return self.settings.observation_max_tokens
+
     def encode(self, text: str) -> list[int]:
         """Token ids of `text`, each text encoded once per loop (one trajectory): a memory is encoded
         for its cap and again for the next prompt, the question for every turn's prompt."""
         if text not in self._encoded:
             self._encoded[text] = self.tokenizer.encode(text, add_special_tokens=False)
         return list(self._encoded[text])
+
+    def per_process(self, name: str, build: Callable[[], Any]) -> Any:
+        """`build()` once per process for this agent's settings and chat template: text every trajectory
+        renders alike (the loops that share `self.prompts` share the settings)."""
+        key = (name, self.prompts, *self.template_key)
+        if key not in _PER_PROCESS:
+            _PER_PROCESS[key] = build()
+        return _PER_PROCESS[key]
 
     def encode_constant(self, text: str) -> tuple[int, ...]:
         """`encode` for text that is the same in every trajectory (template pieces): once per process."""
@@ -289,7 +305,7 @@ class SearchAgentLoop(AgentLoopBase):
         return generation
 
     async def search(self, context: Context, query: str) -> str:
-        """The formatted documents for `query`, cut to the observation cap; a failure is an observation."""
+        """The formatted documents for `query`, cut to the observation cap if any; a failure is an observation."""
         start = time.perf_counter()
         context.searches += 1
         try:
@@ -301,7 +317,8 @@ class SearchAgentLoop(AgentLoopBase):
             text = SEARCH_FAILED
         finally:
             context.search_s += time.perf_counter() - start
-        return self.truncate(text, self.settings.observation_max_tokens)[0]
+        cap = self.documents_cap
+        return text if cap is None else self.truncate(text, cap)[0]
 
     async def insert_messages(
         self, context: Context, history: list[dict], new_messages: list[dict], tools=None
