@@ -180,9 +180,21 @@ RELEASED = {
 }
 #: the agent-loop settings each agent's defaults must hold (agent_loops.yaml)
 RELEASED_AGENT = {
-    "memsearcher": {"max_turns": 5, "max_new_tokens": 512, "topk": 10, "memory_overflow": "end"},  # train.sh:22
-    "mem1": {"max_turns": 6, "max_new_tokens": 1000, "topk": 3, "require_state": False},  # train_ppo.sh:10,36,88
-    "react": {"max_turns": 5, "max_new_tokens": 512, "topk": 10},  # memsearcher's
+    "memsearcher": {  # train.sh:22; no cap on the tool result (vllm_rollout_spmd.py:452-455, 667-679)
+        "max_turns": 5,
+        "max_new_tokens": 512,
+        "topk": 10,
+        "memory_overflow": "end",
+        "observation_max_tokens": None,
+    },
+    "mem1": {  # train_ppo.sh:10,36,38,88
+        "max_turns": 6,
+        "max_new_tokens": 1000,
+        "topk": 3,
+        "require_state": False,
+        "observation_max_tokens": 1000,
+    },
+    "react": {"max_turns": 5, "max_new_tokens": 512, "topk": 10, "observation_max_tokens": None},  # memsearcher's
 }
 #: the keys in which react's composed config may differ from memsearcher's: the agent, the run's name
 #: and the response length its growing context needs, plus the keys verl derives from them
