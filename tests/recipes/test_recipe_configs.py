@@ -178,7 +178,7 @@ RELEASED = {
         "reward.custom_reward_function.name": "multi_objective_em",
     },
 }
-#: the agent-loop settings each agent's defaults must hold (agent_loops.yaml)
+#: the agent-loop settings each paper agent's defaults must hold (agent_loops.yaml)
 RELEASED_AGENT = {
     "memsearcher": {  # train.sh:22; no cap on the tool result (vllm_rollout_spmd.py:452-455, 667-679)
         "max_turns": 5,
@@ -194,8 +194,7 @@ RELEASED_AGENT = {
         "require_state": False,
         "observation_max_tokens": 1000,
     },
-    "react": {"max_turns": 5, "max_new_tokens": 512, "topk": 10, "observation_max_tokens": None},  # memsearcher's
-}
+}  # react: memsearcher's, checked by test_react_differs_from_memsearcher_only_in_context_management
 #: the keys in which react's composed config may differ from memsearcher's: the agent, the run's name
 #: and the response length its growing context needs, plus the keys verl derives from them
 CONTEXT_KEYS = {

@@ -61,8 +61,8 @@ class Mem1AgentLoop(SearchAgentLoop):
     def observation_ids(self, observation: str) -> list[int]:
         """The observation's ids; `released_train` cuts them at `observation_max_tokens`, hint and tags
         included, as the released training code cut the tokenised observation (generation_think.py:96-98)."""
-        ids, cap = self.encode(observation), self.settings.observation_max_tokens
-        return ids[:cap] if self.style == "released_train" and cap is not None else ids
+        ids = self.encode(observation)
+        return ids[: self.settings.observation_max_tokens] if self.style == "released_train" else ids
 
     def state_of(self, text: str) -> tuple[str | None, str]:
         """The internal state written before the action, or (None, reason) when there is none."""
