@@ -19,13 +19,13 @@ from pathlib import Path
 from typing import Any
 
 import httpx
-from tqdm import tqdm
 
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop
 from verl_memagent.eval.plot import plot_context_tokens
 from verl_memagent.eval.records import example_record
 from verl_memagent.eval.report import summarise
 from verl_memagent.eval.tasks import worker_kwargs
+from verl_memagent.progress import progress
 
 EXAMPLES_FILE, SUMMARY_FILE, PLOT_FILE = "examples.jsonl", "summary.json", "context_tokens.png"
 
@@ -92,12 +92,13 @@ async def evaluate(
     jobs = [run_one(agent, dataset, row) for agent in agents for dataset, rows in datasets.items() for row in rows]
     start = time.perf_counter()
     records = []
-    with (out_dir / EXAMPLES_FILE).open("w", encoding="utf-8") as lines:
-        for job in tqdm(asyncio.as_completed(jobs), total=len(jobs), desc="eval", unit="task"):
+    with (out_dir / EXAMPLES_FILE).open("w", encoding="utf-8") as lines, progress(len(jobs), "eval", "tasks") as bar:
+        for job in asyncio.as_completed(jobs):
             record = await job
             lines.write(json.dumps(record) + "\n")
             lines.flush()
             records.append(record)
+            bar.update()
     summary = {
         "run": run_info or {},
         "agents": summarise(records),
