@@ -27,12 +27,13 @@ from verl_memagent.search import Document
 
 
 def released_documents(documents: list[Document]) -> str:
-    """MEM1's (and Search-R1's) passages: `Doc i(Title: "t") text` lines, each ending in a newline.
+    """MEM1's (and Search-R1's) passages: `Doc i(Title: <first line>) <rest>` lines, each ending in a newline.
 
-    The released client keeps the first line of wiki-18 `contents`, quotes included, as the title
-    (generation_think.py:692-701, inference/data_pipelines.py:24-31).
+    The released client keeps the first line of `contents` verbatim as the title, wiki-18's quotes
+    included (generation_think.py:692-701, inference/data_pipelines.py:24-31).
     """
-    return "".join(f'Doc {i}(Title: "{doc.title}") {doc.text}\n' for i, doc in enumerate(documents, start=1))
+    lines = (doc.contents.partition("\n") for doc in documents)
+    return "".join(f"Doc {i}(Title: {title}) {text}\n" for i, (title, _, text) in enumerate(lines, start=1))
 
 
 def released_question(question: str) -> str:
