@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from agent_helpers import QUESTION, VERL_SAMPLING
+from agent_helpers import QUESTION
 
 from memagent_examples.scripted import ScriptedPolicy
 
@@ -21,35 +21,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 RELEASED = json.loads((FIXTURES / "released_contexts.json").read_text())
 EOS = "<|im_end|>"
 STYLES = ("released_train", "released_eval")
-
-
-@pytest.fixture(scope="module")
-def qwen_tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tokenizer.chat_template = (FIXTURES / "qwen2.5_chat_template.jinja").read_text()
-    return tokenizer
-
-
-@pytest.fixture
-def run_released(trainer_config, qwen_tokenizer, retriever_url):
-    from verl_memagent.agent import instantiate_agent_loop
-
-    async def run(name, policy, question, **settings):
-        loop = instantiate_agent_loop(
-            name,
-            trainer_config,
-            policy,
-            qwen_tokenizer,
-            hf_model_type="qwen2",
-            retriever_urls=retriever_url,
-            **settings,
-        )
-        row = {"raw_prompt": [{"role": "user", "content": question}], "extra_info": {"question": question}}
-        return await loop.run(dict(VERL_SAMPLING), **row)
-
-    return run
 
 
 def expected_ids(tokenizer, style: str, pieces: list[str], text: str) -> list[int]:
