@@ -42,6 +42,17 @@ def released_question(question: str) -> str:
     return question if question.endswith("?") else question + "?"
 
 
+def released_history_prompt(history: list[int], prompt_tokens: int, kept_tokens: int, cap: int) -> list[int]:
+    """MEM1's released training prompt under `released_history_cut`: the rolling history (question
+    prompt, then every turn's response and observation) cut to its last `cap` tokens
+    (generation_think.py:122-130), of which only the first `prompt_tokens` and the last `kept_tokens`
+    stay visible (tensor_helper.py:39-48, generation_think.py:331-344). While the history fits in
+    `cap`, that is the question prompt + the last turn; past it, the first tokens are mid-history."""
+    window = history[-cap:]
+    head = min(prompt_tokens, len(window))
+    return window[:head] + window[max(head, len(window) - kept_tokens) :]
+
+
 class Mem1AgentLoop(SearchAgentLoop):
     agent = "mem1"
     stop_tags = ("search", "answer")
@@ -105,7 +116,7 @@ class Mem1AgentLoop(SearchAgentLoop):
             question = released_question(question)
         messages = [{"role": "user", "content": self.prompts.render("user", question=question)}]
         base_ids = await self.ct_build_initial_tokens(messages)
-        prompt_ids, carried_state_tokens = base_ids, 0
+        prompt_ids, carried_state_tokens, history = base_ids, 0, list(base_ids)
         max_turns, tags = self.settings.max_turns, self.tags
         for turn in range(max_turns):
             context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens)
@@ -135,10 +146,17 @@ class Mem1AgentLoop(SearchAgentLoop):
             )
             if self.style == "released_eval":  # the client sent the conversation as one text
                 prompt_ids = self.encode(self.chat_text(messages) + self.eval_text(generation) + observation)
-            elif truncated:  # the next prompt holds the cut state, encoded; the sample keeps what was sampled
-                kept = (
+                continue
+            if truncated:  # the next prompt holds the cut state, encoded; the sample keeps what was sampled
+                kept = self.encode(
                     f"<{tags['state']}>{state}</{tags['state']}>\n<{tags['search']}>{action.query}</{tags['search']}>"
                 )
-                prompt_ids = base_ids + self.encode(kept) + self.observation_ids(observation)
             else:
-                prompt_ids = base_ids + self.kept_ids(generation) + self.observation_ids(observation)
+                kept = self.kept_ids(generation)
+            observation_ids = self.observation_ids(observation)
+            if self.settings.released_history_cut:
+                history += generation.token_ids + observation_ids
+                cap = int(self.rollout_config.prompt_length)
+                prompt_ids = released_history_prompt(history, len(base_ids), len(kept) + len(observation_ids), cap)
+            else:
+                prompt_ids = base_ids + kept + observation_ids
