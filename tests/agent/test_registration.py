@@ -70,3 +70,38 @@ async def test_bad_settings_fail_at_construction(run_agent, tokenizer):
         await run_agent("mem1", ScriptedPolicy(tokenizer, []), observation_max_tokens=0)
     with pytest.raises(Exception, match="prompts.user: .*questoin"):
         await run_agent("react", ScriptedPolicy(tokenizer, []), prompts={"user": "{{ questoin }}"})
+
+
+def test_a_loop_built_from_its_registry_name_has_its_papers_settings(trainer_config, tokenizer):
+    """verl's registry carries the shipped YAML's entries, so no agent falls back to another's values;
+    the dataclass defaults are MemSearcher's released settings."""
+    import verl  # noqa: F401
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap, _agent_loop_registry
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    from verl_memagent.agent.settings import AgentSettings
+
+    yaml = {entry.name: entry for entry in OmegaConf.load(AGENT_LOOPS_YAML)}
+
+    async def build(name):
+        return hydra.utils.instantiate(
+            config=_agent_loop_registry[name],
+            trainer_config=DictConfigWrap(config=trainer_config),
+            server_manager=ScriptedPolicy(tokenizer, []),
+            tokenizer=tokenizer,
+            processor=None,
+            hf_model_type="qwen2",
+            dataset_cls=RLHFDataset,
+            data_config=DictConfigWrap(trainer_config.data),
+            tools=ToolListWrap([]),
+        )
+
+    for name, entry in yaml.items():
+        settings = asyncio.run(build(name)).settings
+        for key, value in entry.items():
+            if key not in ("name", "_target_", "retriever_urls"):
+                assert getattr(settings, key) == value, (name, key)
+    defaults = AgentSettings()
+    for key, value in yaml["memsearcher"].items():
+        if key not in ("name", "_target_", "retriever_urls"):
+            assert getattr(defaults, key) == value, key

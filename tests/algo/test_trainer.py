@@ -83,7 +83,7 @@ def test_trainer_mode_selects_our_trainer_which_keeps_verls_sync_semantics():
 
 
 def test_optimizer_steps_per_update_follow_configuration_not_turn_counts():
-    trainer = MultiContextTrainerSync(verl_config(*BASE))
+    trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.fixed_optimizer_steps=true"))
     verl_trainer = PPOTrainerSync(verl_config(*BASE, "trainer.v1.trainer_mode=sync"))
     # train_batch_size / ppo_mini_batch_size = 2 steps; a mini-batch must split over n=2 and dp=2
     assert trainer._get_required_batch_multiple(dp_size=2) == 4
@@ -98,8 +98,9 @@ def test_optimizer_steps_per_update_follow_configuration_not_turn_counts():
     assert trainer.config is trainer.actor_rollout_wg.shared_config
 
 
-def test_fixed_optimizer_steps_can_be_switched_off():
-    trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.fixed_optimizer_steps=false"))
+def test_fixed_optimizer_steps_are_off_by_default():
+    """verl's count, and the released MemSearcher's: ppo_mini_batch_size x n samples per optimizer step."""
+    trainer = MultiContextTrainerSync(verl_config(*BASE))
     trainer.actor_rollout_wg = RecordingActorGroup(trainer.config)
     trainer.global_steps = 1  # fit() sets it
     trainer._update_actor(_batch(16), metrics={})
@@ -146,6 +147,7 @@ def test_critic_mini_batches_are_fixed_too():
     trainer = MultiContextTrainerSync(
         verl_config(
             *BASE,
+            "+algorithm.multi_context.fixed_optimizer_steps=true",
             "algorithm.adv_estimator=multi_context_gae",
             "critic.enable=true",
             "critic.ppo_mini_batch_size=2",

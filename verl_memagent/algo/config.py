@@ -17,8 +17,9 @@ class MultiContextConfig:
     weight_trajectories: bool = False
     #: gamma in gamma^(T - t): earlier turns get a discounted share of the trajectory advantage (GRPO)
     turn_discount: float = 1.0
-    #: optimizer steps per training step = train_batch_size / ppo_mini_batch_size, whatever the turn count
-    fixed_optimizer_steps: bool = True
+    #: optimizer steps per training step = train_batch_size / ppo_mini_batch_size, whatever the turn count;
+    #: off (verl's and the released MemSearcher's): ppo_mini_batch_size x rollout.n samples per step
+    fixed_optimizer_steps: bool = False
 
     @classmethod
     def from_algorithm(cls, algorithm) -> MultiContextConfig:
