@@ -90,3 +90,17 @@ def run_released(trainer_config, qwen_tokenizer, retriever_url):
         return await loop.run(dict(VERL_SAMPLING), **row)
 
     return run
+
+
+@pytest.fixture(scope="session")
+def memsearcher_loop(trainer_config, qwen_tokenizer):
+    """A memsearcher loop with its default settings, for its verdict on hand-made contexts."""
+    import asyncio
+
+    from memagent_examples.scripted import ScriptedPolicy
+    from verl_memagent.agent import instantiate_agent_loop
+
+    async def build():
+        return instantiate_agent_loop("memsearcher", trainer_config, ScriptedPolicy(qwen_tokenizer, []), qwen_tokenizer)
+
+    return asyncio.run(build())

@@ -5,13 +5,9 @@ tags: see test_verl_reward_path."""
 
 from __future__ import annotations
 
-import asyncio
-
-import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent.parsing import Action, parse_tag_action
 from verl_memagent.agent.turns import Context
 from verl_memagent.reward.scores import exact_match_score, f1_with_format, multi_objective_em
@@ -26,21 +22,11 @@ PIECES = [
 model_outputs = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=6)), max_size=8).map("".join)
 
 
-@pytest.fixture(scope="module")
-def memsearcher_loop(trainer_config, tokenizer):
-    from verl_memagent.agent import instantiate_agent_loop
-
-    async def build():
-        return instantiate_agent_loop("memsearcher", trainer_config, ScriptedPolicy(tokenizer, []), tokenizer)
-
-    return asyncio.run(build())
-
-
 @settings(max_examples=300, deadline=None)
 @given(text=model_outputs)
-def test_memsearcher_record_scores_as_the_default_grammar_does(memsearcher_loop, tokenizer, text):
+def test_memsearcher_record_scores_as_the_default_grammar_does(memsearcher_loop, qwen_tokenizer, text):
     """A one-turn final context that ended at the model's end of turn, under the released rules."""
-    ids = tokenizer.encode(text, add_special_tokens=False) + [tokenizer.eos_token_id]
+    ids = qwen_tokenizer.encode(text, add_special_tokens=False) + [qwen_tokenizer.eos_token_id]
     context = Context(prompt_ids=[0], response_ids=ids, response_mask=[1] * len(ids), texts=[text])
     answer, format_ok = memsearcher_loop.final_verdict(context)
     plain = {"final_response": memsearcher_loop.assistant_turns(context)[-1], "finish_reason": "answer"}

@@ -8,7 +8,6 @@ row. Our loop plays the same outputs with its default settings and `f1_with_form
 A property test feeds random answer turns built from the grammar's pieces to the same path.
 """
 
-import asyncio
 import json
 from pathlib import Path
 
@@ -68,23 +67,13 @@ PIECES = [
 answer_turns = st.tuples(st.lists(st.sampled_from(PIECES), max_size=12).map("".join), st.booleans())
 
 
-@pytest.fixture(scope="module")
-def loop(trainer_config, qwen_tokenizer):
-    from verl_memagent.agent import instantiate_agent_loop
-
-    async def build():
-        return instantiate_agent_loop("memsearcher", trainer_config, ScriptedPolicy(qwen_tokenizer, []), qwen_tokenizer)
-
-    return asyncio.run(build())
-
-
 @settings(max_examples=300, deadline=None)
 @given(turn=answer_turns)
-def test_any_answer_turn_scores_zero_format_only_or_an_f1(loop, qwen_tokenizer, turn):
+def test_any_answer_turn_scores_zero_format_only_or_an_f1(memsearcher_loop, qwen_tokenizer, turn):
     text, ended = turn
     ids = qwen_tokenizer.encode(text, add_special_tokens=False) + ([qwen_tokenizer.eos_token_id] if ended else [])
     context = Context(prompt_ids=[0], response_ids=ids or [0], response_mask=[1] * len(ids or [0]), texts=[text])
-    answer, format_ok = loop.final_verdict(context)
+    answer, format_ok = memsearcher_loop.final_verdict(context)
     record = {"final_answer": answer, "final_format_ok": format_ok}
     reward = f1_with_format("nq", "", ["Leda", "the Leda river"], record)
     assert reward["score"] in (0.0, FORMAT_ONLY_REWARD) or (0.0 < reward["score"] <= 1.0 == reward["format_ok"])
