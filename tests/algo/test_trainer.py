@@ -110,7 +110,7 @@ def test_trainer_mode_selects_our_trainer_which_keeps_verls_sync_semantics():
 
 
 def test_optimizer_steps_per_update_follow_configuration_not_turn_counts(transfer_queue):
-    trainer = MultiContextTrainerSync(verl_config(*BASE))
+    trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.fixed_optimizer_steps=true"))
     verl_trainer = PPOTrainerSync(verl_config(*BASE, "trainer.v1.trainer_mode=sync"))
     trainer.global_steps = verl_trainer.global_steps = 1  # fit() sets it
     # train_batch_size / ppo_mini_batch_size = 2 steps; a mini-batch must split over n=2 and dp=2
@@ -126,8 +126,9 @@ def test_optimizer_steps_per_update_follow_configuration_not_turn_counts(transfe
     assert trainer.config is trainer.actor_rollout_wg.shared_config
 
 
-def test_fixed_optimizer_steps_can_be_switched_off(transfer_queue):
-    trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.fixed_optimizer_steps=false"))
+def test_fixed_optimizer_steps_are_off_by_default(transfer_queue):
+    """verl's count, and the released MemSearcher's: ppo_mini_batch_size x n samples per optimizer step."""
+    trainer = MultiContextTrainerSync(verl_config(*BASE))
     trainer.actor_rollout_wg = RecordingActorGroup(trainer.config)
     trainer.global_steps = 1  # fit() sets it
     trainer._update_actor(_batch("verl_steps", 16), metrics={})
@@ -174,6 +175,7 @@ def test_critic_mini_batches_are_fixed_too(transfer_queue):
     trainer = MultiContextTrainerSync(
         verl_config(
             *BASE,
+            "+algorithm.multi_context.fixed_optimizer_steps=true",
             "algorithm.adv_estimator=multi_context_gae",
             "critic.enable=true",
             "critic.ppo_mini_batch_size=2",
@@ -189,8 +191,9 @@ def test_critic_mini_batches_are_fixed_too(transfer_queue):
     assert trainer.config.critic.ppo_mini_batch_size == 2
 
 
-def _trainer(*overrides: str, losses: list[float] | None = None) -> MultiContextTrainerSync:
-    trainer = MultiContextTrainerSync(verl_config(*BASE, *overrides))
+def _trainer(*overrides: str, fixed_steps: bool = True, losses: list[float] | None = None) -> MultiContextTrainerSync:
+    fixed = f"+algorithm.multi_context.fixed_optimizer_steps={str(fixed_steps).lower()}"
+    trainer = MultiContextTrainerSync(verl_config(*BASE, fixed, *overrides))
     trainer.actor_rollout_wg = RecordingActorGroup(trainer.config, losses=losses)
     trainer.global_steps = 6
     return trainer
@@ -213,7 +216,7 @@ def test_padding_is_dealt_over_the_steps_so_that_no_step_trains_on_padding_alone
     assert metrics["multi_context/actor_steps"] == 2
 
     # verl's own split (steps of ppo_mini_batch_size x n = 8 rows): its third step is padding only, loss 0/0
-    verl_split = _trainer("+algorithm.multi_context.fixed_optimizer_steps=false")
+    verl_split = _trainer(fixed_steps=False)
     metrics = {}
     verl_split._update_actor(_rows("verl_split", real=16, padding=8), metrics)
     (keys,) = verl_split.actor_rollout_wg.keys
@@ -268,3 +271,11 @@ def test_a_nonfinite_loss_reported_by_the_workers_stops_the_run(transfer_queue, 
     skipping = _trainer("+algorithm.multi_context.on_nonfinite=skip", losses=[0.1, float("nan")])
     skipping._update_actor(_rows("loss_skip", real=4), metrics={})
     assert "optimizer step 2 of 2 (rows u2_0_0, u3_0_0): the workers report actor/pg_loss = nan" in caplog.text
+
+
+def test_shuffled_steps_cannot_be_checked_and_are_refused(transfer_queue):
+    trainer = _trainer("actor_rollout_ref.actor.shuffle=true")
+    with pytest.raises(
+        ValueError, match=r"actor_rollout_ref.actor.shuffle: true .* set actor_rollout_ref.actor.shuffle=false"
+    ):
+        trainer._update_actor(_rows("shuffled", real=4), metrics={})

@@ -102,6 +102,8 @@ class Context:
     response_ids: list[int] = field(default_factory=list)
     response_mask: list[int] = field(default_factory=list)
     response_logprobs: list[float] | None = field(default_factory=list)
+    #: the text of each generate call in this context, in order (what the rewards judge)
+    texts: list[str] = field(default_factory=list)
     prefill_tokens: int = 0
     generate_calls: int = 0
     searches: int = 0
@@ -123,6 +125,7 @@ class Context:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def add_generated(self, generation: Generation) -> None:
+        self.texts.append(generation.text)
         self.response_ids += generation.token_ids
         self.response_mask += [1] * len(generation.token_ids)
         if self.response_logprobs is not None and generation.log_probs is not None:

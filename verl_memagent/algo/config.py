@@ -18,8 +18,9 @@ class MultiContextConfig:
     weight_trajectories: bool = False
     #: gamma in gamma^(T - t): earlier turns get a discounted share of the trajectory advantage (GRPO)
     turn_discount: float = 1.0
-    #: optimizer steps per training step = train_batch_size / ppo_mini_batch_size, whatever the turn count
-    fixed_optimizer_steps: bool = True
+    #: optimizer steps per training step = train_batch_size / ppo_mini_batch_size, whatever the turn count;
+    #: off (verl's and the released MemSearcher's): ppo_mini_batch_size x rollout.n samples per step
+    fixed_optimizer_steps: bool = False
     #: a NaN or infinite advantage, return or loss: "stop" the run, or "skip" that optimizer step
     on_nonfinite: str = "stop"
     #: do not take an actor optimizer step whose advantages are all zero (nothing to learn from)

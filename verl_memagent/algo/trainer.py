@@ -200,6 +200,11 @@ class MultiContextTrainerMixin:
         """verl's update, on the optimizer steps that have something to learn (`update_plan`): checked
         before the workers see them, and their losses checked after."""
         section = OmegaConf.select(self.config, role.section)
+        if section.get("shuffle", False):
+            raise ValueError(
+                f"{role.section}.shuffle: true draws each optimizer step's rows at random inside verl's workers, "
+                f"so the trainer cannot check them before the update: set {role.section}.shuffle=false"
+            )
         per_step = self._samples_per_step(section, len(batch))
         dp_size = self._dp_size(role.group, role.mesh)
         micro = None if section.get("use_dynamic_bsz", False) else section.ppo_micro_batch_size_per_gpu
