@@ -165,7 +165,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         memory, memory_tokens = "", 0
         for turn in range(max_turns):
             prompt_ids = await self.turn_prompt_ids(question, memory, turn)
-            context = Context(prompt_ids=prompt_ids, memory_tokens=memory_tokens)
+            context = Context(prompt_ids=prompt_ids, memory_tokens=memory_tokens, memory_before=memory)
             trajectory.contexts.append(context)
 
             action_gen = await self.generate(context, sampling_params)
@@ -198,6 +198,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
                 return trajectory.finish("no_memory")
             context.memory_written = True
             memory, memory_tokens, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
+            context.memory = memory
             if (not closed or truncated) and overflow_mode != "truncate":
                 # `end`: the released code stops a trajectory whose rewrite ran out of tokens or is too long
                 return trajectory.finish("memory_overflow", penalised=overflow_mode == "penalty")
