@@ -60,3 +60,49 @@ async def play(agent: str, texts: list[str], tokenizer, trainer_config, retrieve
     }
     outputs = await loop.run(dict(SAMPLING), **row)
     return (outputs if isinstance(outputs, list) else [outputs]), policy
+
+
+#: (agent, data source, script) of the trajectories `played_records` plays: two questions' worth of
+#: rollouts with different endings, memsearcher's flat contexts and react's growing one
+PLAYED = [
+    ("memsearcher", "leda", script("memsearcher", searches=2)),
+    ("memsearcher", "leda", script("memsearcher", searches=1)),
+    ("memsearcher", "leda", ["I will not say.</think> Nothing to do." + EOS]),
+    ("react", "leda_react", script("react", searches=2)),
+    ("react", "leda_react", script("react", searches=1)),
+]
+
+
+async def played_records(tokenizer, trainer_config, retriever_url: str, step: int = 1):
+    """Records of `PLAYED`, rewarded by MemSearcher's reward, as a training step writes them (GRPO groups
+    by agent)."""
+    from verl_memagent.reward.scores import f1_with_format
+    from verl_memagent.trajectories.build import ContextSample, build_record
+
+    records, sessions = [], {}
+    for agent, data_source, texts in PLAYED:
+        outputs, _ = await play(agent, texts, tokenizer, trainer_config, retriever_url)
+        final = outputs[-1].extra_fields
+        reward = f1_with_format(data_source, final["final_response"], GOLDEN, extra_info=dict(final))
+        session = sessions[agent] = sessions.get(agent, -1) + 1
+        uid = f"uid-{agent}"
+        contexts = [
+            ContextSample(o.prompt_ids, o.response_ids, o.extra_fields, key=f"{uid}_{session}_{i}")
+            for i, o in enumerate(outputs)
+        ]
+        records.append(
+            build_record(
+                contexts,
+                tokenizer,
+                source="train",
+                step=step,
+                data_source=data_source,
+                golden_answers=GOLDEN,
+                reward=reward["score"],
+                reward_info=reward,
+                uid=uid,
+                session=session,
+                row_id=0,
+            )
+        )
+    return records

@@ -11,7 +11,9 @@ from verl_memagent.trajectories.build import ContextSample, build_record
 
 def record_of(outputs, tokenizer, advantages=None, **meta):
     contexts = [
-        ContextSample(o.prompt_ids, o.response_ids, o.extra_fields, key=f"u_0_{i}", advantages=(advantages or {}).get(i))
+        ContextSample(
+            o.prompt_ids, o.response_ids, o.extra_fields, key=f"u_0_{i}", advantages=(advantages or {}).get(i)
+        )
         for i, o in enumerate(outputs)
     ]
     meta = {"source": "train", "step": 3, "data_source": "leda", "golden_answers": GOLDEN, "reward": 1.0, **meta}
@@ -30,9 +32,7 @@ async def passages_of(url: str, query: str, topk: int) -> list[tuple[str, str]]:
         await client.aclose()
 
 
-async def test_memsearcher_turns_hold_contexts_queries_passages_and_memories(
-    tokenizer, trainer_config, retriever_url
-):
+async def test_memsearcher_turns_hold_contexts_queries_passages_and_memories(tokenizer, trainer_config, retriever_url):
     outputs, policy = await play("memsearcher", script("memsearcher"), tokenizer, trainer_config, retriever_url)
     record = record_of(outputs, tokenizer)
 

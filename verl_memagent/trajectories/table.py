@@ -7,10 +7,15 @@ sample is one context, so here a row is a whole trajectory instead. Logged to wa
 
 from __future__ import annotations
 
+import json
 from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
 
 from verl_memagent.trajectories.schema import TrajectoryRecord, Turn
 
+#: where a wandb run folder keeps logged tables
+TABLE_MEDIA = "files/media/table"
 COLUMNS = [
     "step",
     "source",
@@ -86,3 +91,16 @@ def log_to_trackers(loggers: Sequence[str], records: Sequence[TrajectoryRecord],
 
     if wandb.run is not None:
         wandb.log({table_key(source): wandb.Table(columns=COLUMNS, data=table_rows(records))}, step=step)
+
+
+def read_offline_tables(wandb_dir: str | Path, source: str) -> list[dict[str, Any]]:
+    """The trajectory tables a wandb run in offline mode logged (`WANDB_MODE=offline`; `wandb_dir` holds
+    its `offline-run-*` folders), oldest first, each as `{"columns", "data"}`: wandb writes every
+    logged table to `files/media/table/<key>_<n>_<hash>.table.json`, n counting the key's tables."""
+    folder, name = table_key(source).rsplit("/", 1)
+    tables = []
+    for run in sorted(Path(wandb_dir).glob("offline-run-*")):
+        files = (run / TABLE_MEDIA / folder).glob(f"{name}_*.table.json")
+        for file in sorted(files, key=lambda f: int(f.name.split("_")[-2])):
+            tables.append(json.loads(file.read_text(encoding="utf-8")))
+    return tables
