@@ -8,6 +8,7 @@ import subprocess
 import sys
 
 import pytest
+from browsing import choose, open_page, wait_ready
 from scripted_runs import PLAYED
 
 from verl_memagent.trajectories.files import records_path, write_records
@@ -28,20 +29,6 @@ def show(*args: str) -> str:
     return done.stdout.strip().splitlines()[-1]
 
 
-def page(browser, path):
-    from selenium.webdriver.common.by import By
-
-    browser.get(f"file://{path}")
-    return lambda css: browser.find_elements(By.CSS_SELECTOR, css)
-
-
-def choose(browser, element_id: str, value: str) -> None:
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import Select
-
-    Select(browser.find_element(By.ID, element_id)).select_by_value(value)
-
-
 def test_page_shows_turn_cards_plot_and_filters(run_dir, browser, tmp_path):
     from PIL import Image
     from selenium.webdriver.common.by import By
@@ -50,7 +37,7 @@ def test_page_shows_turn_cards_plot_and_filters(run_dir, browser, tmp_path):
     assert show(str(run_dir), "--out", str(out)) == str(out)
     html = out.read_text()
     assert "http://" not in html.replace("http://www.w3.org/2000/svg", "") and "https://" not in html  # nothing fetched
-    find = page(browser, out)
+    find = open_page(browser, out)
 
     shot = Image.open(io.BytesIO(browser.get_screenshot_as_png()))
     (tmp_path / "report.png").write_bytes(browser.get_screenshot_as_png())
@@ -94,6 +81,7 @@ def test_page_shows_turn_cards_plot_and_filters(run_dir, browser, tmp_path):
     assert browser.find_element(By.ID, "count").text == "4 of 5 trajectories"
     assert all(float(c.get_attribute("data-reward")) >= 0.5 for c in find(".trajectory"))
     browser.find_element(By.ID, "step-next").click()
+    wait_ready(browser, "g1")
     assert browser.find_element(By.ID, "step").get_attribute("value") == "1"
     assert browser.find_element(By.ID, "count").text == "4 of 5 trajectories"  # filters stay across steps
 
@@ -101,7 +89,7 @@ def test_page_shows_turn_cards_plot_and_filters(run_dir, browser, tmp_path):
 def test_steps_option_keeps_the_first_and_last_step(run_dir, browser, tmp_path):
     out = tmp_path / "report.html"
     show(str(run_dir / "trajectories"), "--out", str(out), "--steps", "last")
-    find = page(browser, out)
+    find = open_page(browser, out)
     assert [o.text for o in find("#step option")] == ["train step 2 (5)"]
 
 
@@ -119,7 +107,7 @@ def test_a_large_step_is_paged_and_rendered_lazily(run_dir, browser, tmp_path):
     write_records(tmp_path / "trajectories" / "step_7.jsonl", many)
     out = tmp_path / "report.html"
     show(str(tmp_path), "--out", str(out))
-    find = page(browser, out)
+    find = open_page(browser, out)
 
     assert browser.find_element(By.ID, "count").text == "2000 of 2000 trajectories"
     assert len(find(".trajectory")) == 20 and browser.find_element(By.ID, "page-label").text == "page 1 of 100"

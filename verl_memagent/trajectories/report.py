@@ -1,14 +1,16 @@
 """The page `verl-memagent show` writes: one self-contained HTML file to read trajectory records.
 
 Everything is inline (`page.html`: CSS and JS; the records as JSON), so the file opens anywhere
-without a network. Each step's records sit in their own `<script type="application/json">` block,
-parsed only when that step is shown; the page renders one page of trajectory cards at a time and a
+without a network. Each step's records sit in their own block (gzip-compressed JSON in base64),
+inflated and parsed only when that step is shown; the page renders one page of trajectory cards at a time and a
 trajectory's turn cards only when it is opened, so a large run stays responsive. The memory diffs
 are computed here (difflib, word level) and shipped with the turns.
 """
 
 from __future__ import annotations
 
+import base64
+import gzip
 import html
 import json
 import re
@@ -23,26 +25,35 @@ from verl_memagent.trajectories.schema import TrajectoryRecord
 
 PAGE = Path(__file__).with_name("page.html")
 SOURCE_ORDER = {"validation": 0, "train": 1, "eval": 2}  # validation at step N ran before training step N+1
-_WORDS = re.compile(r"\s+|\S+")
+_WORD = re.compile(r"\S+")
+
+
+def _words(text: str) -> tuple[list[str], list[int]]:
+    """The words of `text` and where each word's piece starts (a piece runs to the next word; the text's
+    leading spaces go with the first), so that pieces i..j are `text[cuts[i]:cuts[j]]`."""
+    starts = [match.start() for match in _WORD.finditer(text)]
+    return text.split(), [0, *starts[1:], len(text)]
 
 
 def memory_diff(before: str | None, after: str | None) -> list[list[str]] | None:
-    """The word-level edit from `before` to `after` as [op, text] pieces: "=" kept, "-" removed, "+"
-    added. None when the turn holds no memory; with no new memory written, all of `before` is kept."""
+    """The word-level edit from `before` to `after` as [op, text] pieces: "=" kept (with the text as it
+    was before as a third item where only the spacing differs), "-" removed, "+" added. None when the
+    turn holds no memory; with no new memory written, all of `before` is kept."""
     if before is None:
         return None
     if after is None:
         return [["=", before]]
-    old, new = _WORDS.findall(before), _WORDS.findall(after)
+    (old, old_cuts), (new, new_cuts) = _words(before), _words(after)
     pieces = []
-    for tag, i1, i2, j1, j2 in SequenceMatcher(a=old, b=new, autojunk=False).get_opcodes():
+    for tag, i1, i2, j1, j2 in SequenceMatcher(None, old, new, autojunk=False).get_opcodes():
         if tag == "equal":
-            pieces.append(["=", "".join(old[i1:i2])])
+            kept, was = after[new_cuts[j1] : new_cuts[j2]], before[old_cuts[i1] : old_cuts[i2]]
+            pieces.append(["=", kept] if kept == was else ["=", kept, was])  # the same words, other spaces
             continue
         if i2 > i1:
-            pieces.append(["-", "".join(old[i1:i2])])
+            pieces.append(["-", before[old_cuts[i1] : old_cuts[i2]]])
         if j2 > j1:
-            pieces.append(["+", "".join(new[j1:j2])])
+            pieces.append(["+", after[new_cuts[j1] : new_cuts[j2]]])
     return pieces
 
 
@@ -82,12 +93,19 @@ def _json_block(element_id: str, value: Any) -> str:
     return f'<script type="application/json" id="{element_id}">{text}</script>'
 
 
+def _gzip_block(element_id: str, value: Any) -> str:
+    """`value` as gzip-compressed JSON in base64: contexts repeat the system prompt and one another, so a
+    step's records shrink several times; the page inflates a step with the browser's DecompressionStream."""
+    data = gzip.compress(json.dumps(value, ensure_ascii=False, separators=(",", ":")).encode(), mtime=0)
+    return f'<script type="application/gzip" id="{element_id}">{base64.b64encode(data).decode()}</script>'
+
+
 def render_page(records: Sequence[TrajectoryRecord], title: str, files: Sequence[str] = ()) -> str:
     """The HTML of the page: one group (step) per source and step, in the order they ran."""
     groups: dict[tuple[str, int | None], list[TrajectoryRecord]] = {}
     for record in records:
         groups.setdefault((record.source, record.step), []).append(record)
-    order = sorted(groups, key=lambda g: (g[1] if g[1] is not None else -1, SOURCE_ORDER[g[0]]))
+    order = sorted(groups, key=lambda g: (g[1] is None, g[1] or 0, SOURCE_ORDER[g[0]]))  # eval last
     index = {
         "files": list(files),
         "groups": [
@@ -95,7 +113,7 @@ def render_page(records: Sequence[TrajectoryRecord], title: str, files: Sequence
         ],
     }
     blocks = [_json_block("index", index)]
-    blocks += [_json_block(f"data-g{i}", page_records(groups[key])) for i, key in enumerate(order)]
+    blocks += [_gzip_block(f"data-g{i}", page_records(groups[key])) for i, key in enumerate(order)]
     page = PAGE.read_text(encoding="utf-8").replace("__TITLE__", html.escape(title))
     return page.replace("__DATA__", "\n".join(blocks))
 
