@@ -43,7 +43,6 @@ sys.path.insert(0, str(REPO))
 
 import ray  # noqa: E402
 import transfer_queue as tq  # noqa: E402
-from omegaconf import OmegaConf  # noqa: E402
 from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ  # noqa: E402
 
@@ -202,20 +201,9 @@ def main(argv: list[str] | None = None) -> dict:
         tags = tq.kv_list("train")["train"]
         batch = KVBatchMeta(keys=list(tags), tags=list(tags.values()), partition_id="train")
         trainer = object.__new__(MultiContextTrainerSync)
-        trainer.config = OmegaConf.create(
-            {
-                "algorithm": {
-                    "adv_estimator": "multi_context_grpo",
-                    "gamma": 1.0,
-                    "lam": 1.0,
-                    "norm_adv_by_std_in_grpo": True,
-                    "use_kl_in_reward": False,
-                    "kl_penalty": "kl",
-                    "rollout_correction": None,
-                },
-                "actor_rollout_ref": {"rollout": {"n": args.rollouts}},
-            }
-        )
+        trainer.config = verl_trainer_config(n=args.rollouts)  # verl's full config, with multi_context_grpo
+        trainer.config.algorithm.adv_estimator = "multi_context_grpo"
+        trainer.config.algorithm.rollout_correction = None  # no actor computed old log-probs here
         advantage_ms, _ = timed(lambda step: trainer._compute_advantage(batch, {}), args.repeats)
 
         def metrics_step(step):

@@ -7,7 +7,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import ray
 import torch
 import transfer_queue as tq
 from omegaconf import OmegaConf
@@ -16,6 +15,7 @@ from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.padding_utils import upsample_batch_to_divisible_size
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
+from verl_memagent.agent import verl_trainer_config
 from verl_memagent.algo.trainer import MultiContextTrainerSync
 from verl_memagent.algo.trajectory_records import TrajectoryRecorder, TrajectoryRecordsConfig, groups_of, take_groups
 from verl_memagent.trajectories.files import read_records
@@ -26,15 +26,6 @@ GROUPS = {
     "q-react": [("react", 1, 1.0), ("react", 2, 0.0)],
 }
 EPS = 1e-6
-
-
-@pytest.fixture(scope="module")
-def transfer_queue():
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    tq.init()
-    yield tq
-    tq.close()
-    ray.shutdown()
 
 
 async def write_rollouts(partition: str, tokenizer, trainer_config, retriever_url) -> dict[str, list]:
@@ -62,6 +53,18 @@ async def write_rollouts(partition: str, tokenizer, trainer_config, retriever_ur
     return played
 
 
+async def write_broken_rollout(tokenizer, trainer_config, retriever_url) -> None:
+    """A trajectory whose turn log is not the agent loops' (a call without its end): no record for it."""
+    worker = object.__new__(AgentLoopWorkerTQ.__ray_actor_class__)
+    worker.processor, worker.reward_loop_worker_handles, worker.distillation_enabled = None, None, False
+    outputs, _ = await play("memsearcher", script("memsearcher", 0), tokenizer, trainer_config, retriever_url)
+    outputs[0].extra_fields["turn_log"] = [{"calls": [{"start": 0}], "search": None}]
+    outputs[-1].reward_score = 1.0
+    outputs[-1].extra_fields["reward_extra_info"] = {}
+    row = {"data_source": "src-bad", "reward_model": {"ground_truth": GOLDEN}, "extra_info": {}, "index": 9}
+    await worker._agent_loop_postprocess(outputs, validate=False, uid="q-bad", session_id=0, global_steps=1, **row)
+
+
 def shuffled_padded_batch(partition: str) -> KVBatchMeta:
     tags = tq.kv_list(partition)[partition]
     keys = list(tags)
@@ -71,22 +74,25 @@ def shuffled_padded_batch(partition: str) -> KVBatchMeta:
 
 
 def grpo_config():
-    algorithm = {"adv_estimator": "multi_context_grpo", "gamma": 1.0, "lam": 1.0, "norm_adv_by_std_in_grpo": True}
-    algorithm.update(use_kl_in_reward=False, kl_penalty="kl", rollout_correction=None)
-    return OmegaConf.create({"algorithm": algorithm, "actor_rollout_ref": {"rollout": {"n": 3}}})
+    """verl's full config with multi_context_grpo; no rollout correction (no actor computed old log-probs)."""
+    config = verl_trainer_config(n=3)
+    config.algorithm.adv_estimator = "multi_context_grpo"
+    config.algorithm.rollout_correction = None
+    return config
 
 
 async def test_training_records_carry_the_updates_reward_and_advantage(
     transfer_queue, tokenizer, trainer_config, retriever_url, tmp_path
 ):
     played = await write_rollouts("train", tokenizer, trainer_config, retriever_url)
+    await write_broken_rollout(tokenizer, trainer_config, retriever_url)
     batch = shuffled_padded_batch("train")
     trainer = object.__new__(MultiContextTrainerSync)  # _compute_advantage needs only the config
     trainer.config = grpo_config()
     batch = trainer._compute_advantage(batch, {})
 
-    recorder = TrajectoryRecorder(TrajectoryRecordsConfig(per_step=5), tmp_path, tokenizer, loggers=["console"])
-    records = recorder.training_step(batch, step=4)
+    recorder = TrajectoryRecorder(TrajectoryRecordsConfig(per_step=6), tmp_path, tokenizer, loggers=["console"])
+    records = recorder.training_step(batch, step=4)  # all six trajectories sampled; the broken one skipped
     assert read_records(tmp_path / "step_4.jsonl") == records
     assert sorted((r.uid, r.session) for r in records) == [
         (u, s) for u in sorted(GROUPS) for s in range(len(GROUPS[u]))

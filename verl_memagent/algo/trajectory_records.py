@@ -13,6 +13,7 @@ the same questions.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -26,6 +27,8 @@ from verl_memagent.trajectories.build import ContextSample, build_record, is_rec
 from verl_memagent.trajectories.files import TRAJECTORIES_DIR, records_path, write_records
 from verl_memagent.trajectories.schema import Source, TrajectoryRecord
 from verl_memagent.trajectories.table import log_to_trackers
+
+logger = logging.getLogger(__name__)
 
 #: what a record needs of each sampled row; training adds the advantages
 FIELDS = ["prompts", "responses", "extra_fields", "rm_scores", "data_source", "reward_model", "extra_info"]
@@ -80,7 +83,7 @@ def take_groups(groups: dict[str, list[list[int]]], uids: Sequence[str], limit: 
     return chosen
 
 
-def read_records(
+def fetch_records(
     keys: Sequence[str],
     trajectories: list[list[int]],
     partition_id: str,
@@ -113,8 +116,8 @@ def read_records(
         final = indices[-1]
         uid, session, _ = wanted[final].rsplit("_", 2)
         extra_info = columns["extra_info"][final] or {}
-        records.append(
-            build_record(
+        try:
+            record = build_record(
                 contexts,
                 tokenizer,
                 source=source,
@@ -127,7 +130,10 @@ def read_records(
                 session=int(session),
                 row_id=extra_info.get("id", extra_info.get("index")),
             )
-        )
+        except (KeyError, TypeError, ValueError) as error:  # one odd trajectory costs its record only
+            logger.warning("no trajectory record for %s: %r", wanted[final], error)
+            continue
+        records.append(record)
     return records
 
 
@@ -159,14 +165,14 @@ class TrajectoryRecorder:
         groups = groups_of(batch.keys, [tag.get("is_padding", False) for tag in batch.tags])
         uids = [str(uid) for uid in np.random.default_rng(step).permutation(list(groups))]
         chosen = take_groups(groups, uids, self.config.per_step)
-        records = read_records(batch.keys, chosen, batch.partition_id, self.tokenizer, "train", step)
-        self._publish(records, "train", step)
+        records = fetch_records(batch.keys, chosen, batch.partition_id, self.tokenizer, "train", step)
+        self.publish(records, "train", step)
         return records
 
     def validation(self, step: int) -> ValidationSample:
         return ValidationSample(self, step)
 
-    def _publish(self, records: list[TrajectoryRecord], source: Source, step: int) -> None:
+    def publish(self, records: list[TrajectoryRecord], source: Source, step: int) -> None:
         if records:
             write_records(records_path(self.directory, source, step), records)
             log_to_trackers(self.loggers, records, source, step)
@@ -191,11 +197,13 @@ class ValidationSample:
         index_of = dict(zip(groups, (int(index) for index in _column(data, "index")), strict=True))
         uids = sorted(groups, key=lambda uid: (index_of[uid], uid))
         chosen = take_groups(groups, uids, limit)
-        records = read_records(batch.keys, chosen, batch.partition_id, self.recorder.tokenizer, "validation", self.step)
+        records = fetch_records(
+            batch.keys, chosen, batch.partition_id, self.recorder.tokenizer, "validation", self.step
+        )
         ranked = [((index_of[record.uid], record.uid, record.session), record) for record in records]
         self.kept = sorted(self.kept + ranked, key=lambda item: item[0])[:limit]
 
     def write(self) -> list[TrajectoryRecord]:
         records = [record for _, record in self.kept]
-        self.recorder._publish(records, "validation", self.step)
+        self.recorder.publish(records, "validation", self.step)
         return records
