@@ -40,6 +40,9 @@ def run(tmp_path_factory):
         "trainer.logger=[console,file,wandb]",
         f"trainer.rollout_data_dir={work / 'rollouts'}",  # verl's own dump of every sample, to compare with
         "+trainer.trajectories.per_step=4",  # 2 questions x 2 trajectories: all of them
+        # a reward the random tiny model earns unevenly, so that the advantages are not all zero
+        f"reward.custom_reward_function.path={RUN.parents[2] / 'tests' / 'cpu' / 'char_overlap_reward.py'}",
+        "reward.custom_reward_function.name=compute_score",
     ]
     done = subprocess.run(
         ["bash", str(RUN), "memsearcher", *overrides], env=env, capture_output=True, text=True, timeout=900
@@ -49,7 +52,9 @@ def run(tmp_path_factory):
 
 
 def verl_dump(work: Path, step: int) -> dict[str, dict]:
-    return {row["uid"]: row for row in map(json.loads, (work / "rollouts" / f"{step}.jsonl").read_text().splitlines())}
+    """verl's own dump of the step's samples by key, less the padding rows it adds to split the batch evenly."""
+    rows = map(json.loads, (work / "rollouts" / f"{step}.jsonl").read_text().splitlines())
+    return {row["uid"]: row for row in rows if row["input"]}
 
 
 def without_special_tokens(tokenizer, text: str) -> str:
@@ -68,6 +73,7 @@ def grpo(rewards: list[float]) -> list[float]:
 
 def test_training_records_are_the_trained_samples_with_their_reward_and_advantage(run, tokenizer):
     metrics = {s["step"]: s["data"] for s in map(json.loads, (run / "metrics.jsonl").read_text().splitlines())}
+    advantages = []
     for step in (1, 2):
         records = read_records(run / "checkpoints" / "trajectories" / f"step_{step}.jsonl")
         dump = verl_dump(run, step)
@@ -91,6 +97,8 @@ def test_training_records_are_the_trained_samples_with_their_reward_and_advantag
         assert min(r.advantage for r in records) == pytest.approx(metrics[step]["critic/advantages/min"], abs=1e-5)
         assert "timing_s/trajectory_records" in metrics[step]
         assert all(r.source == "train" and r.step == step and r.agent == "memsearcher" for r in records)
+        advantages += [r.advantage for r in records]
+    assert max(abs(a) for a in advantages) > 0.1  # the comparison above is not of zeros only
 
 
 def test_validation_records_and_wandb_tables_and_page_show_the_same_trajectories(run, browser, tmp_path):

@@ -138,10 +138,10 @@ def fetch_records(
 
 
 def _column(data, name: str) -> list[Any]:
-    """One field of a TransferQueue batch as a Python list per row (nested tensors as lists of numbers)."""
+    """One field of a TransferQueue batch as a list with one item per row (a nested tensor's rows as arrays)."""
     values = data[name]
     if hasattr(values, "unbind"):
-        return [row.tolist() for row in values.unbind()]
+        return [row.numpy() for row in values.unbind()]
     return list(values)
 
 

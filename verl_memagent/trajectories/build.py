@@ -47,7 +47,7 @@ def plain(value: Any) -> Any:
     return value
 
 
-def _model_call(tokenizer, token_ids: list[int], span: CallSpan) -> ModelCall:
+def _model_call(tokenizer, token_ids: np.ndarray, span: CallSpan) -> ModelCall:
     start, end = min(span["start"], len(token_ids)), min(span["end"], len(token_ids))
     return ModelCall(
         context=tokenizer.decode(token_ids[:start], skip_special_tokens=False),
@@ -58,16 +58,16 @@ def _model_call(tokenizer, token_ids: list[int], span: CallSpan) -> ModelCall:
     )
 
 
-def _sampled_advantages(sample: ContextSample, spans: Sequence[CallSpan]) -> list[float]:
+def _sampled_advantages(sample: ContextSample, spans: Sequence[CallSpan]) -> np.ndarray:
     """The advantages at the spans' sampled tokens (advantages are indexed by response position)."""
     if sample.advantages is None:
-        return []
-    offset = len(sample.prompt_ids)
-    return [value for span in spans for value in sample.advantages[span["start"] - offset : span["end"] - offset]]
+        return np.zeros(0)
+    advantages, offset = np.asarray(sample.advantages, dtype=np.float64), len(sample.prompt_ids)
+    return np.concatenate([np.zeros(0), *(advantages[s["start"] - offset : s["end"] - offset] for s in spans)])
 
 
-def _mean(values: Sequence[float]) -> float | None:
-    return float(np.mean(values)) if len(values) else None
+def _mean(values: np.ndarray) -> float | None:
+    return float(values.mean()) if values.size else None
 
 
 def build_record(
@@ -87,13 +87,14 @@ def build_record(
     """The record of one trajectory from its contexts in turn order (every one `is_recorded`)."""
     final = contexts[-1].extra_fields
     turns: list[Turn] = []
-    sampled: list[float] = []
+    sampled: list[np.ndarray] = []
     for context_index, sample in enumerate(contexts):
-        token_ids = [*sample.prompt_ids, *sample.response_ids]
+        # an array: transformers turns it into a list in C, where a list of ints is checked item by item
+        token_ids = np.concatenate([np.asarray(sample.prompt_ids, np.int64), np.asarray(sample.response_ids, np.int64)])
         for log in sample.extra_fields["turn_log"]:
             spans, search = log["calls"], log["search"]
             advantages = _sampled_advantages(sample, spans)
-            sampled += advantages
+            sampled.append(advantages)
             turns.append(
                 Turn(
                     index=len(turns),
@@ -121,7 +122,7 @@ def build_record(
         penalised=bool(final["penalised"]),
         reward=None if reward is None else float(reward),
         reward_info=plain(dict(reward_info or {})),
-        advantage=_mean(sampled),
+        advantage=_mean(np.concatenate([np.zeros(0), *sampled])),
         trajectory_id=str(final["trajectory_id"]),
         uid=uid,
         session=session,
