@@ -59,8 +59,8 @@ def verl_dump(work: Path, step: int) -> dict[str, dict]:
 
 def without_special_tokens(tokenizer, text: str) -> str:
     """`text` as verl's dump decodes ids (skip_special_tokens=True)."""
-    for token in tokenizer.all_special_tokens:
-        text = text.replace(token, "")
+    for token in tokenizer.added_tokens_decoder.values():
+        text = text.replace(token.content, "") if token.special else text
     return text
 
 
