@@ -67,9 +67,9 @@ def test_page_shows_turn_cards_plot_and_filters(run_dir, browser, tmp_path):
     assert len(find("#plot-svg .trajectory-line")) == len(PLAYED) and len(find("#plot-svg .mean-line")) == 2
     assert "memsearcher mean" in browser.find_element(By.ID, "plot-legend").text
 
-    choose(browser, "filter-finish", "no_action")
+    choose(browser, "filter-finish", "bad_format")
     assert browser.find_element(By.ID, "count").text == "1 of 5 trajectories"
-    assert [c.get_attribute("data-finish") for c in find(".trajectory")] == ["no_action"]
+    assert [c.get_attribute("data-finish") for c in find(".trajectory")] == ["bad_format"]
     assert len(find("#plot-svg .trajectory-line")) == 1
     choose(browser, "filter-finish", "")
     choose(browser, "filter-source", "leda_react")
