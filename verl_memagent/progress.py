@@ -53,10 +53,7 @@ class ProgressLines:
         self.last = time.monotonic()
         elapsed = self.last - self.start
         parts = [f"{self.desc}: {self.done}/{self.total} {self.unit} ({self.done / max(self.total, 1):.0%})"]
-        parts += [
-            f"{name} {value:.3f}" if isinstance(value, float) else f"{name} {value}"
-            for name, value in self.postfix.items()
-        ]
+        parts += [f"{name} {_shown(value)}" for name, value in self.postfix.items()]
         if self.done and elapsed > 0:
             rate = self.done / elapsed
             parts.append(f"{rate:.2f} {self.unit}/s")

@@ -92,3 +92,16 @@ def test_zero_advantage_steps_are_those_with_no_signal_at_any_loss_token():
     zero = zero_advantage_steps(plan, mask, advantages)
     assert [(p.step, p.rows.tolist()) for p in zero] == [(1, [2, 3]), (2, [4, 5])]
     assert np.array_equal(plan.keeping([0]), [0, 1])
+
+
+def test_the_main_jobs_collapsed_step_would_end_in_a_step_of_padding_alone():
+    """Issue #24's NaN step: 8 questions x 8 trajectories of one context each plus a few second turns,
+    68 rows padded to 96 (4 fixed steps, micro-batches of 8): verl's split leaves step 4 all padding."""
+    padding = [False] * 68 + [True] * 28
+    mask = _mask(96)
+    mask[68:] = 0
+    verl_split = plan_update(padding, dp_size=1, rows_per_step=24, micro_batch_size=8, spread_padding=False)
+    assert [(p.step, p.reason, len(p.rows)) for p in empty_steps(verl_split, mask)] == [(3, "no loss token", 24)]
+    spread = plan_update(padding, dp_size=1, rows_per_step=24, micro_batch_size=8, spread_padding=True)
+    assert [mask[spread.step_rows(step)].any(-1).sum().item() for step in range(4)] == [17, 17, 17, 17]
+    assert empty_steps(spread, mask) == []
