@@ -11,7 +11,7 @@ from pathlib import Path
 from retriever_server.corpus import CorpusError
 from retriever_server.errors import IndexLoadError
 from retriever_server.index import KINDS
-from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions, default_threads
+from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions, ServerLimits, default_threads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -42,14 +42,24 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     serve.add_argument("--port-file", type=Path, help="write the bound port to this file")
-    serve.add_argument("--topk-default", type=int, default=3, help="/retrieve's topk if none is given (Search-R1's)")
-    serve.add_argument(
-        "--top-n-default", type=int, default=10, help="/search's top_n when none is given (MemSearcher's)"
-    )
-    serve.add_argument("--topk-max", type=int, default=50, help="largest topk accepted; every query is searched to it")
-    serve.add_argument("--max-queries", type=int, default=1024, help="queries per request")
-    serve.add_argument("--max-query-chars", type=int, default=4096)
-    serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    limits = ServerLimits()
+    serve.add_argument("--topk-default", type=int, default=limits.topk_default,
+                       help="/retrieve's topk if none is given (Search-R1's)")  # fmt: skip
+    serve.add_argument("--top-n-default", type=int, default=limits.top_n_default,
+                       help="/search's top_n when none is given (MemSearcher's)")  # fmt: skip
+    serve.add_argument("--topk-max", type=int, default=limits.topk_max,
+                       help="largest topk accepted; every query is searched to it")  # fmt: skip
+    serve.add_argument("--max-queries", type=int, default=limits.max_queries, help="queries per request")
+    serve.add_argument("--max-query-chars", type=int, default=limits.max_query_chars,
+                       help="a longer query is cut to this many characters (not refused)")  # fmt: skip
+    serve.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes)
+    serve.add_argument("--max-header-bytes", type=int, default=limits.max_header_bytes,
+                       help="request line and header fields together (431 beyond)")  # fmt: skip
+    serve.add_argument("--max-headers", type=int, default=limits.max_headers, help="header fields (431 beyond)")
+    serve.add_argument("--header-timeout-s", type=float, default=limits.header_timeout_s,
+                       help="a request head must be complete within this (408 and closed)")  # fmt: skip
+    serve.add_argument("--body-timeout-s", type=float, default=limits.body_timeout_s,
+                       help="longest wait for the next byte of a body (408 and closed)")  # fmt: skip
     serve.add_argument("--max-batch", type=int, default=256, help="queries per shared encoder/index batch")
     serve.add_argument("--max-wait-ms", type=float, default=0.0, help="wait for more queries before a batch")
     serve.add_argument("--cache-size", type=int, default=100_000, help="LRU entries (0 disables the cache)")
@@ -68,6 +78,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--search-processes", type=int, default=1, help="searchers (encoder + index), each a process loading the index"
     )
+    serve.add_argument("--crash-window-s", type=float, default=10.0,
+                       help="a restarted search process that dies again within this stops the server")  # fmt: skip
     serve.add_argument("--log-level", default="warning")
     return parser
 
@@ -98,7 +110,6 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from retriever_server.app import ServerLimits
     from retriever_server.server import serve
 
     if args.search_processes < 1:
@@ -136,6 +147,7 @@ def _serve(args: argparse.Namespace) -> int:
         port_file=args.port_file,
         log_level=args.log_level,
         search_processes=args.search_processes,
+        crash_window_s=args.crash_window_s,
     )
 
 

@@ -10,6 +10,7 @@ until touched.
 from __future__ import annotations
 
 import json
+import mmap
 from array import array
 from collections.abc import Iterator
 from pathlib import Path
@@ -91,20 +92,32 @@ class CorpusStore:
         size = data_path.stat().st_size
         if self._offsets.ndim != 1 or len(self._offsets) % 2 != 1 or int(self._offsets[-1]) != size:
             raise CorpusError(f"{store_dir}: offsets do not match {DATA_FILE} (truncated or corrupt store)")
-        self._data = np.memmap(data_path, dtype=np.uint8, mode="r") if size else np.zeros(0, np.uint8)
+        self._offsets = np.asarray(self._offsets)  # still mapped; a plain array indexes many times faster
+        self._data: mmap.mmap | bytes = b""  # slices of an mmap are bytes: no numpy object per field
+        if size:
+            with data_path.open("rb") as data:
+                self._data = mmap.mmap(data.fileno(), 0, access=mmap.ACCESS_READ)
 
     def __len__(self) -> int:
         return (len(self._offsets) - 1) // 2
 
     def _field(self, index: int) -> str:
-        start, end = self._offsets[index], self._offsets[index + 1]
-        return self._data[start:end].tobytes().decode("utf-8")
+        start, end = self._offsets[index : index + 2].tolist()
+        return self._data[start:end].decode("utf-8")
 
     def doc_id(self, row: int) -> str:
         return self._field(2 * row)
 
     def contents(self, row: int) -> str:
         return self._field(2 * row + 1)
+
+    def read(self, rows: list[int]) -> list[tuple[str, str]]:
+        """(id, contents) of each row: the offsets of all rows looked up at once, for answers of many
+        passages (several times faster than a row at a time)."""
+        first = 2 * np.asarray(rows, dtype=np.int64)
+        bounds = np.stack([self._offsets[first], self._offsets[first + 1], self._offsets[first + 2]], axis=1)
+        data = self._data
+        return [(data[a:b].decode("utf-8"), data[b:c].decode("utf-8")) for a, b, c in bounds.tolist()]
 
     def iter_contents(self, start: int = 0, stop: int | None = None) -> Iterator[str]:
         """Contents of rows [start, stop), for index builds."""

@@ -13,10 +13,13 @@ def test_store_of_bundled_corpus_returns_every_row_unchanged(tmp_path, data_dir)
     assert build_store(data_dir / "corpus.jsonl", tmp_path, show_progress=False) == len(lines) == 14230
     store = CorpusStore(tmp_path)
     assert len(store) == len(lines)
-    for row in np.random.default_rng(0).choice(len(lines), size=300, replace=False).tolist() + [0, len(lines) - 1]:
+    rows = np.random.default_rng(0).choice(len(lines), size=300, replace=False).tolist() + [0, len(lines) - 1]
+    for row in rows:
         source = json.loads(lines[row])
         assert store.doc_id(row) == source["id"]
         assert store.contents(row) == source["contents"]
+    assert store.read(rows) == [(store.doc_id(row), store.contents(row)) for row in rows]
+    assert store.read([]) == []
 
 
 def test_title_text_rows_become_wiki18_contents_and_ids_become_strings(tmp_path):
