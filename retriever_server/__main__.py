@@ -36,6 +36,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="dense: query encoder of CPU servers (int8: several times fp32, kept only where a check "
                             "finds it keeps recall on this corpus; passages are never quantised)")  # fmt: skip
     build.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    build.add_argument("--progress-every-s", type=float, default=10.0,
+                       help="seconds between progress lines when stderr is not a terminal")  # fmt: skip
 
     serve = commands.add_parser("serve", help="serve an index over HTTP")
     serve.add_argument("--index", type=Path, required=True)
@@ -100,7 +102,9 @@ def _build(args: argparse.Namespace) -> int:
         )
     from retriever_server.index import build_index
 
-    meta = build_index(args.kind, args.corpus, args.out, dense=dense, threads=args.threads)
+    meta = build_index(
+        args.kind, args.corpus, args.out, dense=dense, threads=args.threads, progress_every_s=args.progress_every_s
+    )
     if "int8_check" in meta.get("dense", {}):
         from retriever_server.int8_check import summary
 
