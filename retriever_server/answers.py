@@ -76,10 +76,20 @@ def scored_docs(docs: Docs, scores: Scores) -> list[dict]:
     return [{"document": doc, "score": score} for doc, score in zip(docs, scores, strict=True)]
 
 
+_building = asyncio.Semaphore(1)  # one piece is built at a time, whatever the number of answers under way
+
+
 async def _paced(pieces: Iterable[bytes], on_done: Callable[[], None]) -> AsyncIterator[bytes]:
-    """Yield each piece, letting the loop serve others between them (a socket that takes every write
-    at once would otherwise let the whole answer be built in one go)."""
-    for piece in pieces:
+    """Yield each piece, built in turn with the other streamed answers' pieces (FIFO), so the loop
+    serves everything else between any two pieces: /health waits for one piece, not one per answer
+    under way. The `sleep(0)` also yields where nothing else streams (a socket that takes every
+    write at once would otherwise let the whole answer be built in one go)."""
+    pieces = iter(pieces)
+    while True:
+        async with _building:
+            piece = next(pieces, None)
+        if piece is None:
+            break
         yield piece
         await asyncio.sleep(0)
     on_done()

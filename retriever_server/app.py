@@ -11,7 +11,7 @@ import hmac
 import time
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import AbstractAsyncContextManager
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
 from fastapi import APIRouter, Depends, FastAPI, HTTPException, Request, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
@@ -190,17 +190,7 @@ async def stats(request: Request) -> Response:
     }
     if engine is not None:
         counts = engine.stats
-        payload.update(
-            queries=counts.queries,
-            cache_hits=counts.cache_hits,
-            joined_in_flight=counts.joined_in_flight,
-            batches=counts.batches,
-            batches_per_search_process=counts.batches_per_search_process,
-            searched=counts.searched,
-            mean_batch=round(counts.searched / counts.batches, 2) if counts.batches else None,
-            search_seconds=round(counts.search_seconds, 3),
-            retried=counts.retried,
-            failed=counts.failed,
-            search_process_restarts=engine.pool.restarted,
-        )
+        payload.update(asdict(counts), batches=counts.batches, search_seconds=round(counts.search_seconds, 3))
+        payload["mean_batch"] = round(counts.searched / counts.batches, 2) if counts.batches else None
+        payload["search_process_restarts"] = engine.pool.restarted
     return _json(payload)

@@ -22,7 +22,6 @@ from retriever_server.metrics import Metrics
 from retriever_server.options import ServerLimits
 
 _log = logging.getLogger("uvicorn.error")
-OFF_LOOP_BYTES = 256 * 1024  # a larger body is parsed in a thread, so the event loop keeps serving
 CLOSE = {"connection": "close"}  # the answer ends the connection: what is left of the body is not read
 
 
@@ -64,11 +63,8 @@ async def read_body(request: Request, model: type[B], limits: ServerLimits, metr
         raise HTTPException(413, f"body: {declared} bytes, over the limit of {limits.max_body_bytes} "
                                  "(--max-body-bytes)", headers=CLOSE)  # fmt: skip
     body = await _receive(request, limits, metrics, declared)
-    try:
-        if len(body) > OFF_LOOP_BYTES:
-            parsed = await asyncio.to_thread(model.model_validate_json, body)
-        else:
-            parsed = model.model_validate_json(body)
+    try:  # on the loop: pydantic holds the GIL while it parses, a thread would not free the loop
+        parsed = model.model_validate_json(body)
     except ValidationError as exc:
         raise HTTPException(422, field_errors(exc)) from None
     metrics.ignore(parsed.model_extra)

@@ -1,4 +1,4 @@
-"""A large answer (1,024 queries at topk 50 with scores: about 37 MB of JSON) is built and sent piece
+"""A large answer (2,048 queries at topk 50 with scores: about 78 MB of JSON) is built and sent piece
 by piece: meanwhile /health and small requests are answered without waiting for it, and clients
 that never read their large answers hold a piece each in the server's memory, not the answer."""
 
@@ -20,10 +20,10 @@ def server(retriever_server, bm25_index_dir):
 
 @pytest.fixture(scope="module")
 def big_request(server, data_dir) -> bytes:
-    """The raw HTTP request, its 1,024 queries searched once already (cached: what is timed below is
+    """The raw HTTP request, its 2,048 queries searched once already (cached: what is timed below is
     building and sending the answer, not searching)."""
     questions = [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
-    queries = [f"{q} {suffix}" for suffix in ("", "born") for q in questions][:1024]
+    queries = [f"{q} {suffix}" for suffix in ("", "born", "film") for q in questions][:2048]
     body = json.dumps({"queries": queries, "topk": 50, "return_scores": True}).encode()
     assert httpx.post(f"{server.url}/retrieve", content=body, timeout=300).status_code == 200
     head = f"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: {len(body)}\r\n"
@@ -40,40 +40,36 @@ def read_all(connection: socket.socket, into: list[bytes]) -> None:
         into.append(chunk)
 
 
-def test_health_and_small_requests_are_answered_while_large_answers_are_sent(server, big_request):
-    """Two large answers are read by other threads as fast as they come (recv releases the GIL); this
-    thread asks /health and a small cached search meanwhile. Built whole, an answer held up both for
-    most of its time; in pieces, each waits a piece or two at most."""
+def test_health_and_small_requests_are_answered_while_a_large_answer_is_sent(server, big_request):
+    """The large answer is read by another thread as fast as it comes (recv releases the GIL); this
+    thread asks /health and a small cached search meanwhile. Built whole, the answer held up both for
+    most of its time; in pieces, each waits a piece at most."""
     small = {"queries": ["Toto band"], "topk": 3}
     with httpx.Client(base_url=server.url, timeout=60) as client:
         client.post("/retrieve", json=small)
-        received: list[list[bytes]] = [[], []]
-        connections = [connect(server) for _ in received]
-        readers = [threading.Thread(target=read_all, args=pair) for pair in zip(connections, received, strict=True)]
-        started = time.perf_counter()
-        for connection, reader in zip(connections, readers, strict=True):
+        received: list[bytes] = []
+        with connect(server) as connection:
+            reader = threading.Thread(target=read_all, args=(connection, received))
+            started = time.perf_counter()
             connection.sendall(big_request)
             reader.start()
-        waits = []
-        while any(reader.is_alive() for reader in readers):
-            asked = time.perf_counter()
-            assert client.get("/health").status_code == 200
-            assert client.post("/retrieve", json=small).status_code == 200
-            waits.append(time.perf_counter() - asked)
-        big_s = time.perf_counter() - started
-        for connection in connections:
-            connection.close()
-    (head, _, body), again = (b"".join(chunks).partition(b"\r\n\r\n") for chunks in received)
+            waits = []
+            while reader.is_alive():
+                asked = time.perf_counter()
+                assert client.get("/health").status_code == 200
+                assert client.post("/retrieve", json=small).status_code == 200
+                waits.append(time.perf_counter() - asked)
+            big_s = time.perf_counter() - started
+    head, _, body = b"".join(received).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
-    assert again == (head, b"\r\n\r\n", body)
-    print(f"2 answers of {len(body) / 1e6:.1f} MB in {big_s:.2f} s; {len(waits)} health + search pairs, "
+    print(f"answer of {len(body) / 1e6:.1f} MB in {big_s:.2f} s; {len(waits)} health + search pairs, "
           f"longest {max(waits) * 1000:.0f} ms")  # fmt: skip
-    assert len(body) > 30e6 and len(waits) >= 5
+    assert len(body) > 70e6 and len(waits) >= 5
     assert max(waits) < big_s / 4
 
 
 def test_clients_that_never_read_large_answers_cost_bounded_memory(server, big_request):
-    """20 clients ask for the 37 MB answer and read none of it: held whole, 740 MB; in pieces the
+    """20 clients ask for the 78 MB answer and read none of it: held whole, 1.5 GB; in pieces the
     server holds a piece and a socket buffer for each, and goes on answering."""
     rss_before = server.rss_mb()
     connections = [connect(server) for _ in range(20)]
