@@ -6,7 +6,8 @@ good) and no limit on its size or number of fields. Here the head must be comple
 `header_timeout_s` of the connection opening (or of a later request's first byte), else the
 connection gets a 408 and is closed; a head over `max_header_bytes` or `max_headers` gets a 431 and
 is closed. Bytes of an incomplete head are counted as they arrive, so one that never ends costs at
-most the limit and one read. Bodies are limited where the app reads them (`bodies.py`).
+most the limit and one read. Refusals are counted in /stats, not logged (a flood of slow heads would
+flood the log). Bodies are limited where the app reads them (`bodies.py`).
 """
 
 from __future__ import annotations
@@ -27,10 +28,6 @@ class ConnectionStats:
 
     head_timeouts: int = 0
     heads_too_large: int = 0
-
-
-class _HeadRejected(Exception):
-    """Raised in a parser callback to stop parsing a head over the limits (see `send_400_response`)."""
 
 
 class LimitedHttpProtocol(HttpToolsProtocol):
@@ -55,11 +52,16 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         super().connection_lost(exc)
 
     def data_received(self, data: bytes) -> None:
+        if self._rejection is not None:  # refused: nothing more is read
+            return
         super().data_received(data)
-        if self._in_head and not self.transport.is_closing():
+        if self._rejection is None and self._in_head and not self.transport.is_closing():
             self._head_bytes += len(data)
             if self._head_bytes > self.limits.max_header_bytes:
-                self._reject(431, f"request head: over the limit of {self.limits.max_header_bytes} bytes")
+                self._rejection = (431, f"request head: over the limit of {self.limits.max_header_bytes} bytes")
+        if self._rejection is not None:
+            self.stats.heads_too_large += 1
+            self._answer_and_close(*self._rejection)
 
     def on_message_begin(self) -> None:
         super().on_message_begin()
@@ -68,35 +70,40 @@ class LimitedHttpProtocol(HttpToolsProtocol):
         if self._head_timer is None:
             self._head_timer = self.loop.call_later(self.limits.header_timeout_s, self._head_timed_out)
 
+    # The parser's callbacks. Once a head is refused the parser may still run to the end of the data
+    # it was fed; the refused request is never handed to uvicorn (no app runs, nothing is stored).
+
     def on_url(self, url: bytes) -> None:
-        self._count(len(url))
-        super().on_url(url)
+        if self._counted(len(url)):
+            super().on_url(url)
 
     def on_header(self, name: bytes, value: bytes) -> None:
         self._head_fields += 1
-        if self._head_fields > self.limits.max_headers:
+        if self._head_fields > self.limits.max_headers and self._rejection is None:
             self._rejection = (431, f"request head: more than {self.limits.max_headers} header fields")
-            raise _HeadRejected
-        self._count(len(name) + len(value))
-        super().on_header(name, value)
+        if self._counted(len(name) + len(value)):
+            super().on_header(name, value)
 
     def on_headers_complete(self) -> None:
         self._in_head = False
         self._cancel_head_timer()
-        super().on_headers_complete()
-
-    def send_400_response(self, msg: str) -> None:
-        """uvicorn's answer to a request it cannot parse, and here to a head stopped by the limits."""
         if self._rejection is None:
-            super().send_400_response(msg)
-        else:
-            self._reject(*self._rejection)
+            super().on_headers_complete()
 
-    def _count(self, size: int) -> None:
+    def on_body(self, body: bytes) -> None:
+        if self._rejection is None:
+            super().on_body(body)
+
+    def on_message_complete(self) -> None:
+        if self._rejection is None:
+            super().on_message_complete()
+
+    def _counted(self, size: int) -> bool:
+        """Count `size` head bytes; False once the head is refused."""
         self._head_field_bytes += size
-        if self._head_field_bytes > self.limits.max_header_bytes:
+        if self._head_field_bytes > self.limits.max_header_bytes and self._rejection is None:
             self._rejection = (431, f"request head: over the limit of {self.limits.max_header_bytes} bytes")
-            raise _HeadRejected
+        return self._rejection is None
 
     def _head_timed_out(self) -> None:
         self._head_timer = None
@@ -104,10 +111,6 @@ class LimitedHttpProtocol(HttpToolsProtocol):
             self.stats.head_timeouts += 1
             limit = self.limits.header_timeout_s
             self._answer_and_close(408, f"request head: not complete within {limit:g} s; send it at once")
-
-    def _reject(self, status: int, message: str) -> None:
-        self.stats.heads_too_large += 1
-        self._answer_and_close(status, message)
 
     def _answer_and_close(self, status: int, message: str) -> None:
         self._cancel_head_timer()
