@@ -40,14 +40,15 @@ import json, verl
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
 from verl_memagent.agent import AGENT_LOOPS_YAML
-registered = {name: dict(entry) for name, entry in _agent_loop_registry.items()}
+registered = {name: OmegaConf.to_container(OmegaConf.create(entry)) for name, entry in _agent_loop_registry.items()}
+shipped = {entry.name: OmegaConf.to_container(entry) for entry in OmegaConf.load(AGENT_LOOPS_YAML)}
 for entry in OmegaConf.load(AGENT_LOOPS_YAML):  # what AgentLoopWorker does with agent_loop_config_path
     _agent_loop_registry[entry.name] = entry
 import hydra
 classes = {name: hydra.utils.get_class(entry["_target_"]).agent for name, entry in registered.items() if name in
            ("memsearcher", "mem1", "react")}  # imports the agent modules, as the worker's first instantiate does
 kept = {name: "topk" in _agent_loop_registry[name] for name in classes}
-print(json.dumps({"registered": registered, "classes": classes, "yaml_kept": kept}))
+print(json.dumps({"registered": registered, "shipped": shipped, "classes": classes, "yaml_kept": kept}))
 """
 
 
@@ -84,7 +85,7 @@ def test_import_verl_loads_only_the_registration_modules():
 def test_agent_loops_register_by_class_path_and_never_overwrite_a_yaml_entry():
     result = json.loads(_run(AGENT_LOOPS_PROBE))
     for name in ("memsearcher", "mem1", "react"):
-        entry = result["registered"][name]  # what verl's own `register` decorator writes: the class path only
-        assert list(entry) == ["_target_"] and entry["_target_"].startswith(f"verl_memagent.agent.{name}.")
+        entry = result["registered"][name]  # the shipped YAML's entry, class path and settings, as the worker loads it
+        assert entry == result["shipped"][name] and entry["_target_"].startswith(f"verl_memagent.agent.{name}.")
         assert result["classes"][name] == name  # the class behind the path is that agent
     assert result["yaml_kept"] == {"memsearcher": True, "mem1": True, "react": True}

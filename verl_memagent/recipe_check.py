@@ -17,7 +17,11 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
+from verl_memagent.algo.config import MultiContextConfig
+
 MAIN_PPO = "verl.trainer.main_ppo"
+#: sections this plugin adds to verl's config (read by our trainers, checked by their own parser)
+OUR_KEYS = ("algorithm.multi_context",)
 
 
 @dataclass(frozen=True)
@@ -97,13 +101,16 @@ def check_config(config: DictConfig, recipe_yaml: Path) -> None:
     from verl.trainer.ppo.v1 import get_trainer_cls
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
-    extra = unknown_keys(OmegaConf.load(recipe_yaml), verl_base_config())
+    extra = [key for key in unknown_keys(OmegaConf.load(recipe_yaml), verl_base_config()) if key not in OUR_KEYS]
     if extra:
         raise ValueError(f"{recipe_yaml}: keys unknown to verl 0.9.1's ppo_trainer config: {extra}")
     config = config.copy()
     OmegaConf.resolve(config)
     validate_config(config, use_reference_policy=need_reference_policy(config), use_critic=need_critic(config))
-    omega_conf_to_dataclass(config.algorithm)
+    MultiContextConfig.from_algorithm(config.algorithm)
+    omega_conf_to_dataclass(
+        OmegaConf.masked_copy(config.algorithm, [k for k in config.algorithm if k != "multi_context"])
+    )
     omega_conf_to_dataclass(config.actor_rollout_ref.rollout)
     if need_critic(config):
         omega_conf_to_dataclass(config.critic)

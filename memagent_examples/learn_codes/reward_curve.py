@@ -16,7 +16,10 @@ from __future__ import annotations
 
 import argparse
 import json
+import queue
 import sys
+import threading
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -52,6 +55,31 @@ def step_line(step: dict) -> str:
         f"step {step['step']:3d}  reward {step[REWARD]:.3f}  answered {answered:.2f}  "
         f"searches {searches:.2f}  ({seconds:.1f} s)"
     )
+
+
+def follow(stream, quiet_s: float = 20.0) -> None:
+    """A line per training step as verl logs it, and one every `quiet_s` seconds while a step runs
+    (the first waits for Ray and verl's workers to start), so the console never falls silent."""
+    lines: queue.Queue = queue.Queue()
+
+    def read():
+        for line in stream:
+            lines.put(line)
+        lines.put(None)
+
+    threading.Thread(target=read, daemon=True).start()
+    last_step, since = 0, time.monotonic()
+    while True:
+        try:
+            line = lines.get(timeout=quiet_s)
+        except queue.Empty:
+            print(f"  training: step {last_step + 1} running ({time.monotonic() - since:.0f} s)", flush=True)
+            continue
+        if line is None:
+            return
+        for step in parse_steps([line]):
+            print(step_line(step), flush=True)
+            last_step, since = step["step"], time.monotonic()
 
 
 def eval_em(summary_json: Path) -> float:
@@ -120,8 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--eval", type=named_path, action="append", default=[], help="NAME=summary.json; repeat")
     args = parser.parse_args(argv)
     if args.follow:
-        for step in parse_steps(sys.stdin):
-            print(step_line(step), flush=True)
+        follow(sys.stdin)
         return 0
     if args.print_em:
         print("EM " + ", ".join(f"{name} {eval_em(path):.3f}" for name, path in args.eval), flush=True)

@@ -25,6 +25,7 @@ doors.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import random
 from dataclasses import asdict, dataclass
@@ -172,6 +173,33 @@ def warm_start(
     return losses
 
 
+#: libraries whose numerics the warm start depends on, and the kinds of file its code is written in
+BUILD_LIBRARIES = ("torch", "transformers", "tokenizers", "bm25s")
+CODE = {".py", ".yaml", ".jinja"}
+
+
+def build_key(inputs: dict, files: list[Path]) -> str:
+    """A digest of what the task and its warm start are built from: `inputs` (seed, steps, ...), the
+    `files` given, the code that builds the tiny model, the task, the retriever's answers and the agent
+    loop's contexts, and the versions of `BUILD_LIBRARIES`. Equal digests, equal builds: the main job
+    reuses a cached build under its key."""
+    from importlib.metadata import version
+
+    import memagent_examples
+    import retriever_server
+    import verl_memagent
+
+    package = Path(verl_memagent.__file__).parent
+    sources = [package / "agent", package / "search", package / "tiny_model.py"]
+    sources += [Path(retriever_server.__file__).parent, Path(memagent_examples.__file__).parent]
+    code = sorted(p for root in sources for p in ([root] if root.is_file() else root.rglob("*")) if p.suffix in CODE)
+    digest = hashlib.sha256(json.dumps({**inputs, **{lib: version(lib) for lib in BUILD_LIBRARIES}}).encode())
+    for path in [*code, *files]:
+        digest.update(f"{path.name}\0".encode())
+        digest.update(path.read_bytes())
+    return digest.hexdigest()[:16]
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memagent_examples.learn_codes.task", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -194,7 +222,13 @@ def main(argv: list[str] | None = None) -> int:
     warm.add_argument("--steps", type=int, default=400, help="supervised steps on the demonstrations")
     warm.add_argument("--lr", type=float, default=1e-3)
     warm.add_argument("--seed", type=int, default=0)
+    key = sub.add_parser("build-key", help="print the digest a cached task and warm start are reused under")
+    key.add_argument("--input", action="append", default=[], metavar="NAME=VALUE", help="an input; repeat")
+    key.add_argument("--file", type=Path, action="append", default=[], help="a file the build reads; repeat")
     args = parser.parse_args(argv)
+    if args.command == "build-key":
+        print(build_key(dict(item.partition("=")[::2] for item in args.input), args.file))
+        return 0
     if args.command == "task":
         from transformers import AutoTokenizer
 

@@ -17,6 +17,7 @@ import torch
 from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent import instantiate_agent_loop
 from verl_memagent.agent.factory import verl_trainer_config
+from verl_memagent.progress import progress
 
 IGNORE = -100
 
@@ -39,6 +40,7 @@ async def scripted_samples(
     """
     config = verl_trainer_config(prompt_length=prompt_length, response_length=response_length)
     samples = []
+    played = progress(len(scripts), "demonstrations played", unit="trajectories")
     for index, (question, texts) in enumerate(scripts):
         policy = ScriptedPolicy(tokenizer, texts)
         loop = instantiate_agent_loop(
@@ -60,6 +62,8 @@ async def scripted_samples(
         for out in outputs:
             labels = [tok if keep else IGNORE for tok, keep in zip(out.response_ids, out.response_mask, strict=True)]
             samples.append((out.prompt_ids + out.response_ids, [IGNORE] * len(out.prompt_ids) + labels))
+        played.update()
+    played.close()
     return samples
 
 
@@ -81,18 +85,31 @@ def copy_batch(generator: torch.Generator, vocab_size: int, batch_size: int = 32
     return input_ids, labels
 
 
-def adamw_steps(model, steps: int, lr: float, step_loss) -> list[float]:
+def labelled_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask=None) -> torch.Tensor:
+    """The causal LM's mean next-token loss on the labelled positions, as `model(..., labels=labels).loss`,
+    with the vocabulary projection computed only where a label is: most positions have none, and that
+    projection is most of a tiny model's cost."""
+    hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
+    targets = labels[:, 1:]
+    keep = targets != IGNORE
+    return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]).float(), targets[keep])
+
+
+def adamw_steps(model, steps: int, lr: float, step_loss, desc: str) -> list[float]:
     """`steps` AdamW updates of `model` on `step_loss()` (a fresh batch's loss each call), in train
-    mode, back in eval mode after; returns the loss of each step."""
+    mode, back in eval mode after; returns the loss of each step. Reports progress as `desc`."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     losses = []
-    for _ in range(steps):
-        loss = step_loss()
-        optimizer.zero_grad()
-        loss.backward()
-        optimizer.step()
-        losses.append(loss.item())
+    with progress(steps, desc) as bar:
+        for _ in range(steps):
+            loss = step_loss()
+            optimizer.zero_grad()
+            loss.backward()
+            optimizer.step()
+            losses.append(loss.item())
+            bar.set_postfix(loss=losses[-1])
+            bar.update()
     model.eval()
     return losses
 
@@ -107,10 +124,9 @@ def copy_pretraining(model, steps: int, lr: float = 1e-3, seed: int = 0) -> list
     generator = torch.Generator().manual_seed(seed)
 
     def step_loss():
-        input_ids, labels = copy_batch(generator, model.config.vocab_size)
-        return model(input_ids=input_ids, labels=labels).loss
+        return labelled_loss(model, *copy_batch(generator, model.config.vocab_size))
 
-    return adamw_steps(model, steps, lr, step_loss)
+    return adamw_steps(model, steps, lr, step_loss, "copy pretraining")
 
 
 def supervised_steps(
@@ -134,10 +150,9 @@ def supervised_steps(
             input_ids[row, : len(ids)] = torch.tensor(ids)
             labels[row, : len(ids)] = torch.tensor(targets)
             attention_mask[row, : len(ids)] = 1
-        loss = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+        loss = labelled_loss(model, input_ids, labels, attention_mask)
         if copy_rows:
-            copy_ids, copy_labels = copy_batch(generator, model.config.vocab_size, copy_rows)
-            loss = loss + model(input_ids=copy_ids, labels=copy_labels).loss
+            loss = loss + labelled_loss(model, *copy_batch(generator, model.config.vocab_size, copy_rows))
         return loss
 
-    return adamw_steps(model, steps, lr, step_loss)
+    return adamw_steps(model, steps, lr, step_loss, "demonstrations")

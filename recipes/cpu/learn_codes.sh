@@ -1,67 +1,110 @@
 #!/usr/bin/env bash
 # The main job on a laptop: MemSearcher learns a search task on CPU within minutes (docs/cpu.md).
 #   recipes/cpu/learn_codes.sh [hydra overrides...]
-# Writes the password task (doors whose passwords only their own passage states, plus the bundled
-# corpus as distractors), builds its BM25 index, starts the retriever, warm-starts the tiny model
-# (copy pretraining, then scripted MemSearcher demonstrations of other doors), scores it with
-# `verl-memagent eval` on the task's questions (greedy EM, and sampled EM over $EVAL_SAMPLES samples),
-# trains with verl's real trainer printing one line per step (reward, answered share, searches per
-# trajectory, seconds), scores the trained policy the same way and saves reward_curve.png. The last
-# line printed is one JSON object.
+# Builds the password task (doors whose passwords only their own passage states, plus the bundled
+# corpus as distractors), its BM25 index and the warm-started tiny model (copy pretraining, then
+# scripted MemSearcher demonstrations of other doors), once per set of inputs: cached under
+# $MEMAGENT_CPU_CACHE/learn_codes/<key>. Then starts the retriever, scores the warm-started policy
+# with `verl-memagent eval` on the task's questions (greedy EM, and sampled EM over $EVAL_SAMPLES
+# samples), trains with verl's real trainer printing one line per step (reward, answered share,
+# searches per trajectory, seconds), scores the trained policy the same way and saves
+# reward_curve.png. The last line printed is one JSON object.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 WORK=$(mkdir -p "${WORK:-$ROOT/outputs/cpu/learn_codes}" && cd "${WORK:-$ROOT/outputs/cpu/learn_codes}" && pwd)
-SEED=${SEED:-0}
+CACHE=$(mkdir -p "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && cd "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && pwd)
+SEED=${SEED:-0}        # the tiny model, the task and the warm start
+RL_SEED=${RL_SEED:-$SEED}  # reinforcement learning: the order of the questions and the rollout's sampling
 COPY_STEPS=${COPY_STEPS:-800}
 WARM_STEPS=${WARM_STEPS:-400}
 EVAL_SAMPLES=${EVAL_SAMPLES:-4}
+# One torch thread per process: the job runs several processes on few cores, and torch's threads
+# spin-waiting for each other on a busy machine made a warm-start step 4x slower (docs/cpu.md).
+export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+AGENT_LOOPS=$HERE/learn_codes_agent_loops.yaml
+CORPUS=$ROOT/data/corpus.jsonl
 
-verl-memagent tiny-model --out "$WORK/model" --seed "$SEED" >/dev/null
-python -m memagent_examples.learn_codes.task task --out "$WORK/task" --tokenizer "$WORK/model" --seed "$SEED" \
-  --base-corpus "$ROOT/data/corpus.jsonl" >/dev/null
-python -m retriever_server build --kind bm25 --corpus "$WORK/task/corpus.jsonl" --out "$WORK/bm25" >/dev/null
-
+phase() { echo "== $* ($(date +%H:%M:%S))"; }
+heartbeat() { # LABEL COMMAND...: run COMMAND; while it runs, say so every 20 s (the console never falls silent)
+  local label=$1 start=$SECONDS next=20
+  shift
+  "$@" &
+  local pid=$!
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if ((SECONDS - start >= next)); then
+      echo "  $label: running ($((SECONDS - start)) s)"
+      next=$((next + 20))
+    fi
+  done
+  wait "$pid"
+}
 source "$HERE/retriever.sh"
-start_retriever "$WORK/bm25" "$WORK"
 
-python -m memagent_examples.learn_codes.task warm-start --model "$WORK/model" --out "$WORK/model_warm" \
-  --demos "$WORK/task/demos.jsonl" --retriever "$MEMAGENT_RETRIEVER_URL" \
-  --agent-loops "$HERE/learn_codes_agent_loops.yaml" --copy-steps "$COPY_STEPS" --steps "$WARM_STEPS" --seed "$SEED"
-verl-memagent prepare --input "$WORK/task/qa.jsonl" --agent memsearcher --out "$WORK/train.parquet" >/dev/null
+KEY=$(python -m memagent_examples.learn_codes.task build-key --input seed="$SEED" --input copy_steps="$COPY_STEPS" \
+  --input warm_steps="$WARM_STEPS" --file "$AGENT_LOOPS" --file "$CORPUS")
+BUILD=$CACHE/learn_codes/$KEY
+mkdir -p "$CACHE/learn_codes"
+exec 9>"$BUILD.lock"
+flock 9  # two main jobs with the same inputs build once
+if [ -f "$BUILD/complete" ]; then
+  phase "task and warm start: reusing $BUILD (built once for these inputs)"
+  start_retriever "$BUILD/bm25" "$WORK"
+else
+  rm -rf "$BUILD"
+  phase "building the tiny model, the password task and its BM25 index into $BUILD"
+  heartbeat "tiny model" verl-memagent tiny-model --out "$BUILD/model" --seed "$SEED" >/dev/null
+  heartbeat "task" python -m memagent_examples.learn_codes.task task --out "$BUILD/task" --tokenizer "$BUILD/model" \
+    --seed "$SEED" --base-corpus "$CORPUS" >/dev/null
+  heartbeat "BM25 index" python -m retriever_server build --kind bm25 --corpus "$BUILD/task/corpus.jsonl" \
+    --out "$BUILD/bm25" >/dev/null
+  start_retriever "$BUILD/bm25" "$WORK"
+  phase "warm start: copy pretraining ($COPY_STEPS steps), then demonstrations ($WARM_STEPS steps); cached for the next run"
+  python -m memagent_examples.learn_codes.task warm-start --model "$BUILD/model" --out "$BUILD/model_warm" \
+    --demos "$BUILD/task/demos.jsonl" --retriever "$MEMAGENT_RETRIEVER_URL" \
+    --agent-loops "$AGENT_LOOPS" --copy-steps "$COPY_STEPS" --steps "$WARM_STEPS" --seed "$SEED"
+  touch "$BUILD/complete"
+fi
+flock -u 9
+heartbeat "training data" verl-memagent prepare --input "$BUILD/task/qa.jsonl" --agent memsearcher \
+  --out "$WORK/train.parquet" >/dev/null
 
 # EM of a policy on the task's questions, greedy and sampled (the questions repeated as EVAL_SAMPLES datasets)
 EVALS=()
 score_policy() { # NAME MODEL_DIR
-  local eval=(verl-memagent eval --agent memsearcher --model "$2" --tokenizer "$WORK/model" \
-    --agent-loops "$HERE/learn_codes_agent_loops.yaml" --retriever "$MEMAGENT_RETRIEVER_URL" \
-    --prompt-length 1024 --response-length 384)
+  local eval=(verl-memagent eval --agent memsearcher --model "$2" --tokenizer "$BUILD/model" \
+    --agent-loops "$AGENT_LOOPS" --retriever "$MEMAGENT_RETRIEVER_URL" --prompt-length 1024 --response-length 384)
   local samples=()
-  for i in $(seq "$EVAL_SAMPLES"); do samples+=(--data "sample$i=$WORK/task/qa.jsonl"); done
-  "${eval[@]}" --data "codes=$WORK/task/qa.jsonl" --out "$WORK/eval/$1_greedy" >/dev/null
-  "${eval[@]}" "${samples[@]}" --temperature 1 --out "$WORK/eval/$1_sampled" >/dev/null
+  for i in $(seq "$EVAL_SAMPLES"); do samples+=(--data "sample$i=$BUILD/task/qa.jsonl"); done
+  phase "scoring the policy $1: greedy, then $EVAL_SAMPLES samples of each question"
+  heartbeat "greedy" "${eval[@]}" --data "codes=$BUILD/task/qa.jsonl" --out "$WORK/eval/$1_greedy" >/dev/null
+  heartbeat "sampled" "${eval[@]}" "${samples[@]}" --temperature 1 --out "$WORK/eval/$1_sampled" >/dev/null
   local scored=(--eval "$1_greedy=$WORK/eval/$1_greedy/summary.json" --eval "$1_sampled=$WORK/eval/$1_sampled/summary.json")
   python -m memagent_examples.learn_codes.reward_curve --print-em "${scored[@]}"
   EVALS+=("${scored[@]}")
 }
 rm -rf "$WORK/eval" "$WORK/checkpoints"
-score_policy before_rl "$WORK/model_warm"
+score_policy before_rl "$BUILD/model_warm"
 
+phase "reinforcement learning with verl's trainer: one line per step (details in $WORK/train.log)"
 : >"$WORK/metrics.jsonl"
 VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" python -m verl.trainer.main_ppo \
   --config-path="$HERE" --config-name=learn_codes \
-  actor_rollout_ref.model.path="$WORK/model_warm" \
+  actor_rollout_ref.model.path="$BUILD/model_warm" \
   data.train_files="$WORK/train.parquet" \
   data.val_files="$WORK/train.parquet" \
-  data.seed="$SEED" \
-  actor_rollout_ref.rollout.agent.agent_loop_config_path="$HERE/learn_codes_agent_loops.yaml" \
+  data.seed="$RL_SEED" \
+  actor_rollout_ref.rollout.seed="$RL_SEED" \
+  actor_rollout_ref.rollout.agent.agent_loop_config_path="$AGENT_LOOPS" \
   trainer.default_local_dir="$WORK/checkpoints" \
   "$@" >"$WORK/train.log" 2>&1 &
 TRAINER=$!
-echo "training: one line per step (details in $WORK/train.log)"
 tail -n +1 -F --pid="$TRAINER" "$WORK/metrics.jsonl" 2>/dev/null | python -m memagent_examples.learn_codes.reward_curve --follow
 wait "$TRAINER" || { tail -50 "$WORK/train.log" >&2; exit 1; }
+verl-memagent show "$WORK/checkpoints" --steps first,last --out "$WORK/trajectories.html" >/dev/null
+echo "trajectories of the first and last step: $WORK/trajectories.html"
 
 score_policy after_rl "$WORK/checkpoints/global_step_$(cat "$WORK/checkpoints/latest_checkpointed_iteration.txt")/actor/huggingface"
 python -m memagent_examples.learn_codes.reward_curve "$WORK/metrics.jsonl" --png "$WORK/reward_curve.png" "${EVALS[@]}"

@@ -7,7 +7,13 @@ QUESTION = "What river runs past the town of Leer?"
 #: the project's own format and rules (`prompt_style: ours`) with the limits the tests of that format
 #: were written for; the released formats are tested in test_released_formats.py
 OURS = {
-    "memsearcher": {"prompt_style": "ours", "memory_overflow": "truncate", "topk": 5, "observation_max_tokens": 1024},
+    "memsearcher": {
+        "prompt_style": "ours",
+        "action_rules": "strict",
+        "memory_overflow": "truncate",
+        "topk": 5,
+        "observation_max_tokens": 1024,
+    },
     "mem1": {
         "prompt_style": "ours",
         "memory_overflow": "truncate",

@@ -2,8 +2,12 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 from agent_helpers import OURS, QUESTION, VERL_SAMPLING
+
+FIXTURES = Path(__file__).parent / "fixtures"
 
 
 @pytest.fixture(scope="session")
@@ -54,3 +58,49 @@ def run_ours(run_agent):
         return await run_agent(name, policy, **{**OURS[name], **settings})
 
     return run
+
+
+@pytest.fixture(scope="session")
+def qwen_tokenizer(tiny_model_dir):
+    """The tiny tokenizer with Qwen2.5's chat template, which the released checkpoints use: the
+    tokenizer the released code ran with when it rendered fixtures/."""
+    from transformers import AutoTokenizer
+
+    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
+    tokenizer.chat_template = (FIXTURES / "qwen2.5_chat_template.jinja").read_text()
+    return tokenizer
+
+
+@pytest.fixture
+def run_released(trainer_config, qwen_tokenizer, retriever_url):
+    """`run_agent` on the Qwen2.5 chat template, with the agent's default (released) settings."""
+    from verl_memagent.agent import instantiate_agent_loop
+
+    async def run(name, policy, question, **settings):
+        loop = instantiate_agent_loop(
+            name,
+            trainer_config,
+            policy,
+            qwen_tokenizer,
+            hf_model_type="qwen2",
+            retriever_urls=retriever_url,
+            **settings,
+        )
+        row = {"raw_prompt": [{"role": "user", "content": question}], "extra_info": {"question": question}}
+        return await loop.run(dict(VERL_SAMPLING), **row)
+
+    return run
+
+
+@pytest.fixture(scope="session")
+def memsearcher_loop(trainer_config, qwen_tokenizer):
+    """A memsearcher loop with its default settings, for its verdict on hand-made contexts."""
+    import asyncio
+
+    from memagent_examples.scripted import ScriptedPolicy
+    from verl_memagent.agent import instantiate_agent_loop
+
+    async def build():
+        return instantiate_agent_loop("memsearcher", trainer_config, ScriptedPolicy(qwen_tokenizer, []), qwen_tokenizer)
+
+    return asyncio.run(build())

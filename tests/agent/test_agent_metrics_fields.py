@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from test_memsearcher import ANSWER, MEMORY, SEARCH
+from test_memsearcher import MEMORY, SEARCH
 from test_react import TURNS as REACT_TURNS
 
 from memagent_examples.scripted import ScriptedPolicy
@@ -20,7 +20,8 @@ def fields_of(outputs) -> list[dict]:
 
 
 async def test_memsearcher_two_turns_one_search_one_rewrite(run_agent, tokenizer):
-    outputs = await run_agent("memsearcher", ScriptedPolicy(tokenizer, [SEARCH, MEMORY, ANSWER]), max_turns=4, topk=2)
+    answer = " The memory says it.</think>\n\\boxed{Leda}<|im_end|>"  # the released prompt opened <think>
+    outputs = await run_agent("memsearcher", ScriptedPolicy(tokenizer, [SEARCH, MEMORY, answer]), max_turns=4, topk=2)
     metrics = agent_metrics(fields_of(outputs))
     assert metrics["agent/trajectories"] == 1
     assert metrics["agent/turns/mean"] == metrics["agent/contexts/mean"] == 2

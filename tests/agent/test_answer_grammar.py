@@ -1,23 +1,37 @@
 """One answer grammar: with the default tags, what a loop records for its final output (the answer and
-format verdict its parser gives, `turns.outputs`) is scored exactly as the rewards' fallback parser
-scores the same text without a record (plain completions). Renamed tags: see test_verl_reward_path."""
+format verdict of its rules, `memsearcher.ToolCallAgentLoop.outputs`, `turns.outputs`) is scored exactly
+as the rewards' fallback parser scores the same text without a record (plain completions). Renamed
+tags: see test_verl_reward_path."""
 
 from __future__ import annotations
 
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_memagent.agent.parsing import Action, parse_tag_action, parse_tool_call_action
+from verl_memagent.agent.parsing import Action, parse_tag_action
+from verl_memagent.agent.turns import Context
 from verl_memagent.reward.scores import exact_match_score, f1_with_format, multi_objective_em
 
 CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leer"}}</tool_call>'
 PIECES = [
     "<think>", "</think>", "<think>the river</think>", "\\boxed{", "}", "\\boxed{Leda}", "\\boxed{Lower Saxony; Leda}",
-    "\\boxed{}", "\\boxed{Leer}", "<tool_call>", "</tool_call>", CALL, "<answer>", "</answer>", "<answer>Leda</answer>",
-    "<answer>Lower Saxony; Leda</answer>", "<answer> </answer>", "<search>Leer</search>", "<search>", "<IS>s</IS>",
-    "Leda", " ", "\n",
+    "\\boxed{}", "\\boxed{Leer}", "\\boxed Leda", "$", "<tool_call>", "</tool_call>", CALL, "<answer>", "</answer>",
+    "<answer>Leda</answer>", "<answer>Lower Saxony; Leda</answer>", "<answer> </answer>", "<search>Leer</search>",
+    "<search>", "<IS>s</IS>", "Leda", " ", "\n",
 ]  # fmt: skip
 model_outputs = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=6)), max_size=8).map("".join)
+
+
+@settings(max_examples=300, deadline=None)
+@given(text=model_outputs)
+def test_memsearcher_record_scores_as_the_default_grammar_does(memsearcher_loop, qwen_tokenizer, text):
+    """A one-turn final context that ended at the model's end of turn, under the released rules."""
+    ids = qwen_tokenizer.encode(text, add_special_tokens=False) + [qwen_tokenizer.eos_token_id]
+    context = Context(prompt_ids=[0], response_ids=ids, response_mask=[1] * len(ids), texts=[text])
+    answer, format_ok = memsearcher_loop.final_verdict(context)
+    plain = {"final_response": memsearcher_loop.assistant_turns(context)[-1], "finish_reason": "answer"}
+    recorded = {**plain, "final_answer": answer, "final_format_ok": format_ok}
+    assert f1_with_format("nq", "", ["Leda"], recorded) == f1_with_format("nq", "", ["Leda"], plain)
 
 
 def _fields(text: str, action: Action) -> tuple[dict, dict]:
@@ -26,13 +40,6 @@ def _fields(text: str, action: Action) -> tuple[dict, dict]:
     answer = action if action.kind == "answer" else None
     recorded = {"final_answer": answer.answer if answer else None, "final_format_ok": bool(answer and answer.format_ok)}
     return finished, {**finished, **recorded}
-
-
-@settings(max_examples=300, deadline=None)
-@given(text=model_outputs)
-def test_memsearcher_record_scores_as_the_default_grammar_does(text):
-    plain, recorded = _fields(text, parse_tool_call_action(text, "wikipedia_search"))
-    assert f1_with_format("nq", "", ["Leda"], recorded) == f1_with_format("nq", "", ["Leda"], plain)
 
 
 @settings(max_examples=300, deadline=None)

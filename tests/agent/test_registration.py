@@ -10,6 +10,24 @@ from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent import AGENT_LOOPS_YAML
 
 
+async def build_as_verls_worker(entry, trainer_config, tokenizer):
+    """The loop of an agent-loop entry, built with the call and arguments of verl's AgentLoopWorker."""
+    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
+    from verl.utils.dataset.rl_dataset import RLHFDataset
+
+    return hydra.utils.instantiate(
+        config=entry,
+        trainer_config=DictConfigWrap(config=trainer_config),
+        server_manager=ScriptedPolicy(tokenizer, []),
+        tokenizer=tokenizer,
+        processor=None,
+        hf_model_type="qwen2",
+        dataset_cls=RLHFDataset,
+        data_config=DictConfigWrap(trainer_config.data),
+        tools=ToolListWrap([]),
+    )
+
+
 def test_import_verl_registers_the_three_agents():
     import verl  # noqa: F401  (loads the plugin through the verl.plugins entry point)
     from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
@@ -20,29 +38,14 @@ def test_import_verl_registers_the_three_agents():
 
 
 def test_shipped_yaml_is_what_verls_worker_loads(monkeypatch, trainer_config, tokenizer):
-    from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
-    from verl.utils.dataset.rl_dataset import RLHFDataset
     from verl.utils.import_utils import resolve_config_path
 
     monkeypatch.setenv("MEMAGENT_RETRIEVER_URL", "http://127.0.0.1:9/,http://127.0.0.1:10/")
     entries = OmegaConf.load(resolve_config_path(str(AGENT_LOOPS_YAML)))
     assert [e.name for e in entries] == ["memsearcher", "mem1", "react"]
 
-    async def build(entry):
-        return hydra.utils.instantiate(
-            config=entry,
-            trainer_config=DictConfigWrap(config=trainer_config),
-            server_manager=ScriptedPolicy(tokenizer, []),
-            tokenizer=tokenizer,
-            processor=None,
-            hf_model_type="qwen2",
-            dataset_cls=RLHFDataset,
-            data_config=DictConfigWrap(trainer_config.data),
-            tools=ToolListWrap([]),
-        )
-
     for entry in entries:
-        loop = asyncio.run(build(entry))
+        loop = asyncio.run(build_as_verls_worker(entry, trainer_config, tokenizer))
         assert loop.settings.retriever_urls == ["http://127.0.0.1:9/", "http://127.0.0.1:10/"]
         assert loop.context_cap == 4096 + 2048  # verl's rollout prompt_length + response_length
     assert loop.settings.max_turns == 5 and loop.settings.topk == 10  # react: MemSearcher's released values
@@ -70,3 +73,24 @@ async def test_bad_settings_fail_at_construction(run_agent, tokenizer):
         await run_agent("mem1", ScriptedPolicy(tokenizer, []), observation_max_tokens=0)
     with pytest.raises(Exception, match="prompts.user: .*questoin"):
         await run_agent("react", ScriptedPolicy(tokenizer, []), prompts={"user": "{{ questoin }}"})
+
+
+def test_a_loop_built_from_its_registry_name_has_its_papers_settings(trainer_config, tokenizer):
+    """verl's registry carries the shipped YAML's entries, so no agent falls back to another's values;
+    the dataclass defaults are MemSearcher's released settings."""
+    import verl  # noqa: F401
+    from verl.experimental.agent_loop.agent_loop import _agent_loop_registry
+
+    from verl_memagent.agent.settings import AgentSettings
+
+    yaml = {entry.name: entry for entry in OmegaConf.load(AGENT_LOOPS_YAML)}
+
+    for name, entry in yaml.items():
+        settings = asyncio.run(build_as_verls_worker(_agent_loop_registry[name], trainer_config, tokenizer)).settings
+        for key, value in entry.items():
+            if key not in ("name", "_target_", "retriever_urls"):
+                assert getattr(settings, key) == value, (name, key)
+    defaults = AgentSettings()
+    for key, value in yaml["memsearcher"].items():
+        if key not in ("name", "_target_", "retriever_urls"):
+            assert getattr(defaults, key) == value, key

@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 
 import pytest
-from agent_helpers import QUESTION, VERL_SAMPLING
+from agent_helpers import QUESTION
 
 from memagent_examples.scripted import ScriptedPolicy
 
@@ -21,35 +21,6 @@ FIXTURES = Path(__file__).parent / "fixtures"
 RELEASED = json.loads((FIXTURES / "released_contexts.json").read_text())
 EOS = "<|im_end|>"
 STYLES = ("released_train", "released_eval")
-
-
-@pytest.fixture(scope="module")
-def qwen_tokenizer(tiny_model_dir):
-    from transformers import AutoTokenizer
-
-    tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
-    tokenizer.chat_template = (FIXTURES / "qwen2.5_chat_template.jinja").read_text()
-    return tokenizer
-
-
-@pytest.fixture
-def run_released(trainer_config, qwen_tokenizer, retriever_url):
-    from verl_memagent.agent import instantiate_agent_loop
-
-    async def run(name, policy, question, **settings):
-        loop = instantiate_agent_loop(
-            name,
-            trainer_config,
-            policy,
-            qwen_tokenizer,
-            hf_model_type="qwen2",
-            retriever_urls=retriever_url,
-            **settings,
-        )
-        row = {"raw_prompt": [{"role": "user", "content": question}], "extra_info": {"question": question}}
-        return await loop.run(dict(VERL_SAMPLING), **row)
-
-    return run
 
 
 def expected_ids(tokenizer, style: str, pieces: list[str], text: str) -> list[int]:
@@ -209,3 +180,29 @@ async def test_mem1_released_train_cuts_the_whole_observation(run_released, qwen
     seen = qwen_tokenizer.decode(eval_capped.calls[1]["prompt_ids"])
     assert len(encode(documents)) > 30 and documents not in seen
     assert qwen_tokenizer.decode(encode(documents)[:30]) + "\n</information>" in seen
+
+
+@pytest.mark.parametrize("cut", [True, False])
+async def test_mem1_long_history_cut_as_released_is_an_option(run_released, qwen_tokenizer, cut):
+    """generation_think.py:122-130 cuts the rolling history at max_prompt_length (4096) and tensor_helper.py:
+    39-48 then keeps its first prompt-length tokens, mid-history once it is longer: `released_history_cut`
+    renders those prompts id for id; the default keeps the question (the method's context)."""
+    from verl_memagent.data.compose import TASK_PREFIX
+
+    released = RELEASED["mem1"]
+    long = released["long_trajectory"]
+    question = TASK_PREFIX + "; ".join(q.rstrip("?") + "?" for q in released["inputs"]["questions"])
+    policy = ScriptedPolicy(qwen_tokenizer, long["inputs"]["responses"])
+    outputs = await run_released("mem1", policy, question, released_history_cut=cut)
+    assert outputs[-1].extra_fields["finish_reason"] == "answer" and len(policy.calls) == 6
+    released_prompts = [[int(token) for token in ids.split()] for ids in long["train_turn_prompt_ids"]]
+    question_ids = released_prompts[0]
+    assert long["history_tokens"][2] <= 4096 < long["history_tokens"][3]  # the fixture crosses the cap at turn 4
+    assert long["question_kept"] == [True, True, True, False, False, False]
+    for call, released_ids in zip(policy.calls, released_prompts, strict=True):
+        if cut:
+            assert call["prompt_ids"] == released_ids
+        else:
+            assert call["prompt_ids"][: len(question_ids)] == question_ids
+    if not cut:  # from turn 4 on the released prompts lost the question; ours are question + last turn
+        assert policy.calls[3]["prompt_ids"] != released_prompts[3]

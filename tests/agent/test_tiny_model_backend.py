@@ -8,6 +8,7 @@ from agent_helpers import assert_model_saw_exactly
 
 KNOWN_REASONS = {
     "answer",
+    "bad_format",
     "max_turns",
     "context_limit",
     "memory_overflow",

@@ -75,12 +75,21 @@ async def test_renamed_tags_are_scored_as_the_agent_parsed_them(run_agent, token
     assert final.reward_score == 2.0  # the default grammar would find no <answer> here and score 0
 
 
-@pytest.mark.parametrize(("answer", "score"), [("<reason>r</reason>\\boxed{Leda}", 1.0), (TWO_BLOCKS, 0.0)])
-async def test_memsearcher_format_rule_follows_renamed_tags(run_agent, tokenizer, reward_config, answer, score):
+@pytest.mark.parametrize(
+    ("rules", "answer", "score"),
+    [
+        ("released", "<reason>r</reason>\\boxed{Leda}", 1.0),
+        ("released", "<reason>a</reason><reason>b\\boxed{Leda}", 0.0),  # unpaired reasoning tags
+        ("strict", "<reason>r</reason>\\boxed{Leda}", 1.0),
+        ("strict", TWO_BLOCKS, 0.0),  # two blocks: the strict rule's, released accepts them
+    ],
+)
+async def test_memsearcher_format_rule_follows_renamed_tags(run_agent, tokenizer, reward_config, rules, answer, score):
     search = '<reason>t</reason><call>{"name": "wikipedia_search", "arguments": {"query": "Leda river"}}</call>'
     policy = ScriptedPolicy(tokenizer, [search, MEMORY, answer + "<|im_end|>"])
-    outputs = await run_agent("memsearcher", policy, tags={"think": "reason", "tool_call": "call"}, topk=5)
-    assert outputs[-1].extra_fields["finish_reason"] == "answer"
+    tags = {"think": "reason", "tool_call": "call"}
+    outputs = await run_agent("memsearcher", policy, tags=tags, topk=5, action_rules=rules)
+    assert len(outputs) == 2 and outputs[-1].extra_fields["finish_reason"] in ("answer", "bad_format")
     final = await score_with_verl(reward_config, tokenizer, outputs, "f1_with_format", ["Leda"])
-    # two reasoning blocks break MemSearcher's format, which the default tags (<think>) would not see
+    # the default tags (<think>) would not see these blocks: the agent's record decides
     assert final.reward_score == score and final.extra_fields["reward_extra_info"]["format_ok"] == score

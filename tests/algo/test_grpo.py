@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 from verl.protocol import DataProto
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
-from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_grpo
+from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_grpo, rows_off_their_trajectory
 
 EPS = 1e-6
 
@@ -195,3 +195,15 @@ def test_property_row_order_does_not_matter(spec, seed):
     shuffled_keys, _, _, shuffled = _run(trajectories, shuffle_seed=seed, weight_trajectories=True, turn_discount=0.9)
     position = {k: i for i, k in enumerate(keys)}
     torch.testing.assert_close(shuffled.advantages, ordered.advantages[[position[k] for k in shuffled_keys]])
+
+
+def test_rows_off_their_trajectory_finds_advantages_written_to_the_wrong_rows():
+    layout = TrajectoryLayout.from_keys(["a_0_0", "a_0_1", "a_1_0", "pad_0_0"], [False, False, False, True])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1], [1, 1, 1], [0, 0, 0]])
+    right = torch.tensor([[0.5, 0.5, 0.0], [0.5, 9.0, 0.5], [-0.5, -0.5, -0.5], [7.0, 7.0, 7.0]])
+    assert rows_off_their_trajectory(layout, right, mask).tolist() == []  # off-mask and padding values ignored
+    swapped = torch.tensor([[0.5, 0.5, 0.0], [-0.5, 0.0, -0.5], [0.5, 0.5, 0.5], [0.0, 0.0, 0.0]])  # a_0 and a_1 mixed
+    assert rows_off_their_trajectory(layout, swapped, mask).tolist() == [0, 1]
+    uneven = right.clone()
+    uneven[2, 1] = 0.3
+    assert rows_off_their_trajectory(layout, uneven, mask).tolist() == [2]

@@ -4,23 +4,26 @@ from __future__ import annotations
 
 import math
 import os
-from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import ray
 import torch
+import transfer_queue as tq
 import verl
 from hydra import compose, initialize_config_dir
+from tensordict import TensorDict
 from transfer_queue import KVBatchMeta
-from verl.protocol import DataProto
+from verl.protocol import DataProto, DataProtoFuture
 from verl.trainer.ppo.ray_trainer import compute_advantage
 from verl.trainer.ppo.v1 import get_trainer_cls
 from verl.trainer.ppo.v1.replay_buffer import ReplayBuffer, ReplayBufferAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils import tensordict_utils as tu
 
 from verl_memagent.algo.config import MultiContextConfig
 from verl_memagent.algo.estimators import TrajectoryLayout
-from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids
+from verl_memagent.algo.trainer import MultiContextTrainerSync, NonFiniteUpdateError, check_agent_ids
 
 
 def verl_config(*overrides: str):
@@ -41,33 +44,57 @@ BASE = [
 
 
 class RecordingActorGroup:
-    """Stands in for the FSDP actor worker group (GPU workers): records what update_actor is given, and
-    the configured mini-batch size of the config the trainer was built with, as others read it meanwhile."""
+    """Stands in for the FSDP actor worker group (GPU workers): records the keys and mini-batch size each
+    update_actor call is given and the configured mini-batch size of the shared config meanwhile, and
+    reports `losses` (per optimizer step) as verl's workers report theirs."""
 
-    def __init__(self, shared_config):
+    def __init__(self, shared_config, dp_size: int = 1, losses: list[float] | None = None):
         self.shared_config = shared_config
+        self._dispatch_info = {"actor": list(range(dp_size))}
+        self.losses = losses
+        self.keys: list[list[str]] = []
         self.mini_batch_sizes: list[int] = []
         self.shared_sizes: list[int] = []
 
     def update_actor(self, batch: KVBatchMeta):
+        self.keys.append(list(batch.keys))
         self.mini_batch_sizes.append(batch.extra_info["mini_batch_size"])
         self.shared_sizes.append(self.shared_config.actor_rollout_ref.actor.ppo_mini_batch_size)
-        return {"metrics": {"mfu": 0.0}}
+        steps = len(batch) // batch.extra_info["mini_batch_size"]
+        return {"metrics": {"mfu": 0.0, "pg_loss": self.losses or [0.0] * steps}}
 
 
 class RecordingCriticGroup:
     """Stands in for the critic worker group: records the mini-batch size train_mini_batch is given."""
 
-    def __init__(self):
+    def __init__(self, dp_size: int = 1):
+        self._dispatch_info = {"train": list(range(dp_size))}
         self.mini_batch_sizes: list[int] = []
 
     def train_mini_batch(self, batch: KVBatchMeta):
+        """As verl's (non-blocking): a future of the workers' TensorDict."""
         self.mini_batch_sizes.append(batch.extra_info["mini_batch_size"])
-        return SimpleNamespace(get=lambda: {"metrics": {"mfu": 0.0}})
+        output = tu.get_tensordict(tensor_dict={}, non_tensor_dict={"metrics": {"mfu": 0.0, "vf_loss": [0.1]}})
+        return DataProtoFuture(collect_fn=None, futures=[ray.put(output)])
 
 
-def _batch(size: int) -> KVBatchMeta:
-    return KVBatchMeta(keys=[f"u{i}_0_0" for i in range(size)], tags=[{}] * size, partition_id="train")
+def put_rows(partition: str, keys: list[str], masks: list[list[int]], advantages=None, padding=()) -> KVBatchMeta:
+    """Rows as verl's V1 trainer holds them before an update, in a real TransferQueue; `advantages`
+    (one value per row) on the masked tokens, log-probs, returns and values 0. Rows in `padding` are
+    verl's: one token, mask 0."""
+    advantages = advantages if advantages is not None else [1.0] * len(keys)
+    rows = [torch.tensor(mask, dtype=torch.int64) for mask in masks]
+    fields = {"response_mask": rows, "advantages": [m.float() * a for m, a in zip(rows, advantages, strict=True)]}
+    for name in ("old_log_probs", "returns", "values"):
+        fields[name] = [torch.zeros(len(m)) for m in rows]
+    nested = {name: torch.nested.as_nested_tensor(v, layout=torch.jagged) for name, v in fields.items()}
+    tags = [{"is_padding": i in padding} for i in range(len(keys))]
+    tq.kv_batch_put(keys=keys, partition_id=partition, fields=TensorDict(nested, batch_size=len(keys)), tags=tags)
+    return KVBatchMeta(keys=keys, tags=tags, partition_id=partition)
+
+
+def _batch(partition: str, size: int) -> KVBatchMeta:
+    return put_rows(partition, [f"u{i}_0_0" for i in range(size)], [[1, 1]] * size)
 
 
 def test_trainer_mode_selects_our_trainer_which_keeps_verls_sync_semantics():
@@ -82,27 +109,29 @@ def test_trainer_mode_selects_our_trainer_which_keeps_verls_sync_semantics():
     assert type(async_trainer.replay_buffer) is ReplayBufferAsync
 
 
-def test_optimizer_steps_per_update_follow_configuration_not_turn_counts():
-    trainer = MultiContextTrainerSync(verl_config(*BASE))
+def test_optimizer_steps_per_update_follow_configuration_not_turn_counts(transfer_queue):
+    trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.fixed_optimizer_steps=true"))
     verl_trainer = PPOTrainerSync(verl_config(*BASE, "trainer.v1.trainer_mode=sync"))
+    trainer.global_steps = verl_trainer.global_steps = 1  # fit() sets it
     # train_batch_size / ppo_mini_batch_size = 2 steps; a mini-batch must split over n=2 and dp=2
     assert trainer._get_required_batch_multiple(dp_size=2) == 4
     for trainer_ in (trainer, verl_trainer):
-        trainer_.actor_rollout_wg = RecordingActorGroup(trainer_.config)
+        trainer_.actor_rollout_wg = RecordingActorGroup(trainer_.config, dp_size=2)
     for samples in (8, 12, 20):  # 4 prompts x 2 sessions with 1, 1.5, 2.5 turns on average
-        trainer._update_actor(_batch(samples), metrics={})
-        verl_trainer._update_actor(_batch(samples), metrics={})
+        trainer._update_actor(_batch(f"steps{samples}", samples), metrics={})
+        verl_trainer._update_actor(_batch(f"steps{samples}", samples), metrics={})
     assert trainer.actor_rollout_wg.mini_batch_sizes == [4, 6, 10]  # always 2 steps
     assert verl_trainer.actor_rollout_wg.mini_batch_sizes == [8, 8, 8]  # verl: 1, 1.5, 2.5 steps (after padding 2, 3)
     assert trainer.actor_rollout_wg.shared_sizes == [4, 4, 4]  # the shared config is never changed
     assert trainer.config is trainer.actor_rollout_wg.shared_config
 
 
-def test_fixed_optimizer_steps_can_be_switched_off():
-    trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.fixed_optimizer_steps=false"))
+def test_fixed_optimizer_steps_are_off_by_default(transfer_queue):
+    """verl's count, and the released MemSearcher's: ppo_mini_batch_size x n samples per optimizer step."""
+    trainer = MultiContextTrainerSync(verl_config(*BASE))
     trainer.actor_rollout_wg = RecordingActorGroup(trainer.config)
     trainer.global_steps = 1  # fit() sets it
-    trainer._update_actor(_batch(16), metrics={})
+    trainer._update_actor(_batch("verl_steps", 16), metrics={})
     assert trainer.actor_rollout_wg.mini_batch_sizes == [8]
     assert trainer._get_required_batch_multiple(dp_size=2) == 8
 
@@ -142,10 +171,11 @@ def test_agent_ids_must_agree_with_verls_keys():
         check_agent_ids(layout, merged)
 
 
-def test_critic_mini_batches_are_fixed_too():
+def test_critic_mini_batches_are_fixed_too(transfer_queue):
     trainer = MultiContextTrainerSync(
         verl_config(
             *BASE,
+            "+algorithm.multi_context.fixed_optimizer_steps=true",
             "algorithm.adv_estimator=multi_context_gae",
             "critic.enable=true",
             "critic.ppo_mini_batch_size=2",
@@ -155,6 +185,97 @@ def test_critic_mini_batches_are_fixed_too():
     # actor: 8 / 4 = 2 steps of lcm(n=2, dp=2) samples; critic: 8 / 2 = 4 steps of 2 samples
     assert trainer._get_required_batch_multiple(dp_size=2) == math.lcm(2 * 2, 4 * 2)
     trainer.critic_wg = RecordingCriticGroup()
-    trainer._update_critic(_batch(24), metrics={})
+    trainer.global_steps = 1
+    trainer._update_critic(_batch("critic", 24), metrics={})
     assert trainer.critic_wg.mini_batch_sizes == [6]  # 4 steps
     assert trainer.config.critic.ppo_mini_batch_size == 2
+
+
+def _trainer(*overrides: str, fixed_steps: bool = True, losses: list[float] | None = None) -> MultiContextTrainerSync:
+    fixed = f"+algorithm.multi_context.fixed_optimizer_steps={str(fixed_steps).lower()}"
+    trainer = MultiContextTrainerSync(verl_config(*BASE, fixed, *overrides))
+    trainer.actor_rollout_wg = RecordingActorGroup(trainer.config, losses=losses)
+    trainer.global_steps = 6
+    return trainer
+
+
+def _rows(partition: str, real: int, padding: int = 0, advantages=None) -> KVBatchMeta:
+    keys = [f"u{i}_0_0" for i in range(real)] + [f"pad{i}_0_0" for i in range(padding)]
+    masks = [[1, 1]] * real + [[0]] * padding
+    advantages = advantages or [1.0] * real
+    return put_rows(partition, keys, masks, advantages + [0.0] * padding, padding=range(real, real + padding))
+
+
+def test_padding_is_dealt_over_the_steps_so_that_no_step_trains_on_padding_alone(transfer_queue):
+    # 2 fixed steps of 4 rows: verl appended 3 padding rows, which would make the second step 1 real + 3 padding
+    trainer = _trainer()
+    metrics: dict = {}
+    trainer._update_actor(_rows("spread", real=5, padding=3), metrics)
+    (keys,) = trainer.actor_rollout_wg.keys
+    assert keys == ["u0_0_0", "u1_0_0", "pad0_0_0", "pad1_0_0", "u2_0_0", "u3_0_0", "u4_0_0", "pad2_0_0"]
+    assert metrics["multi_context/actor_steps"] == 2
+
+    # verl's own split (steps of ppo_mini_batch_size x n = 8 rows): its third step is padding only, loss 0/0
+    verl_split = _trainer(fixed_steps=False)
+    metrics = {}
+    verl_split._update_actor(_rows("verl_split", real=16, padding=8), metrics)
+    (keys,) = verl_split.actor_rollout_wg.keys
+    assert keys == [f"u{i}_0_0" for i in range(16)]
+    assert metrics["multi_context/actor_steps"] == 2 and metrics["multi_context/actor_skipped_empty"] == 1
+
+
+def test_a_nonfinite_advantage_stops_the_run_naming_the_step_and_rows(transfer_queue):
+    trainer = _trainer()
+    advantages = [0.5, float("nan"), 0.5, -0.5]
+    with pytest.raises(NonFiniteUpdateError) as error:
+        trainer._update_actor(_rows("nan_stop", real=4, advantages=advantages), metrics={})
+    assert str(error.value) == (
+        "step 6, actor update, optimizer step 1 of 2: advantages not finite in 1 rows: u1_0_0 (rank 0, "
+        "micro-batch 1); set +algorithm.multi_context.on_nonfinite=skip to skip it"
+    )
+    assert trainer.actor_rollout_wg.keys == []  # nothing reached the workers
+
+    skipping = _trainer("+algorithm.multi_context.on_nonfinite=skip")
+    metrics: dict = {}
+    skipping._update_actor(_rows("nan_skip", real=4, advantages=advantages), metrics)
+    assert skipping.actor_rollout_wg.keys == [["u2_0_0", "u3_0_0"]]  # the other step still learns
+    assert metrics["multi_context/actor_skipped_nonfinite"] == 1
+
+
+def test_steps_with_nothing_to_learn_are_skipped_when_asked(transfer_queue):
+    advantages = [0.0, 0.0, 0.7, -0.7]  # the first step's group is all right (or all wrong)
+    trainer = _trainer()
+    trainer._update_actor(_rows("zero_kept", real=4, advantages=advantages), metrics={})
+    assert trainer.actor_rollout_wg.keys == [["u0_0_0", "u1_0_0", "u2_0_0", "u3_0_0"]]  # verl's behaviour
+
+    skipping = _trainer("+algorithm.multi_context.skip_zero_advantage_steps=true")
+    metrics: dict = {}
+    skipping._update_actor(_rows("zero_skip", real=4, advantages=advantages), metrics)
+    assert skipping.actor_rollout_wg.keys == [["u2_0_0", "u3_0_0"]]
+    assert skipping.actor_rollout_wg.mini_batch_sizes == [2]  # still steps of 2 rows: one step taken, not two
+    assert metrics["multi_context/actor_skipped_zero_advantage"] == 1
+
+    metrics = {}
+    skipping._update_actor(_rows("zero_all", real=4, advantages=[0.0] * 4), metrics)
+    assert len(skipping.actor_rollout_wg.keys) == 1  # no update at all: the policy does not move
+    assert metrics["multi_context/actor_steps"] == 0
+
+
+def test_a_nonfinite_loss_reported_by_the_workers_stops_the_run(transfer_queue, caplog):
+    trainer = _trainer(losses=[0.1, float("nan")])
+    with pytest.raises(NonFiniteUpdateError) as error:
+        trainer._update_actor(_rows("loss_stop", real=4), metrics={})
+    assert str(error.value) == (
+        "step 6, actor update, optimizer step 2 of 2 (rows u2_0_0, u3_0_0): the workers report actor/pg_loss = nan"
+    )
+    skipping = _trainer("+algorithm.multi_context.on_nonfinite=skip", losses=[0.1, float("nan")])
+    skipping._update_actor(_rows("loss_skip", real=4), metrics={})
+    assert "optimizer step 2 of 2 (rows u2_0_0, u3_0_0): the workers report actor/pg_loss = nan" in caplog.text
+
+
+def test_shuffled_steps_cannot_be_checked_and_are_refused(transfer_queue):
+    trainer = _trainer("actor_rollout_ref.actor.shuffle=true")
+    with pytest.raises(
+        ValueError, match=r"actor_rollout_ref.actor.shuffle: true .* set actor_rollout_ref.actor.shuffle=false"
+    ):
+        trainer._update_actor(_rows("shuffled", real=4), metrics={})

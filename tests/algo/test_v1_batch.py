@@ -8,7 +8,6 @@ from __future__ import annotations
 import random
 
 import pytest
-import ray
 import torch
 import transfer_queue as tq
 from algo_batches import verl_gae_on_one_sequence
@@ -33,16 +32,6 @@ ROLLOUTS = {
     "u2": [(1.0, [[1, 1], [1]]), (1.0, [[1, 1, 1], [1, 0, 1]]), (1.0, [[1, 1]])],
     "u3": [(0.3, [[1, 1, 0, 1]])],
 }
-
-
-@pytest.fixture(scope="module")
-def transfer_queue():
-    # Ray counts CPUs as slots; TransferQueue's controller and storage units need more than 2
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
-    tq.init()
-    yield tq
-    tq.close()
-    ray.shutdown()
 
 
 def _config(estimator: str, **algorithm):

@@ -24,7 +24,7 @@ RECORD2 = QARecord("q2", "In which country was Pietro Germi born?", ("Italy",), 
 TOOL_CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "David Yates"}}</tool_call>'
 # react and memsearcher: MemSearcher's format, each turn opened by the prompt's <think>
 REACT = [" Yates first. </think>" + TOOL_CALL + "<|im_end|>", " Done. </think> \\boxed{film director}<|im_end|>"]
-MEMSEARCHER = [TOOL_CALL, "<memory>Yates directs films.</memory>", "\\boxed{Director}<|im_end|>"]
+MEMSEARCHER = [TOOL_CALL, "<memory>Yates directs films.</memory>", " Known. </think> \\boxed{Director}<|im_end|>"]
 MEM1 = ["<IS>Find Yates.</IS><search>David Yates</search>", "<IS>Both direct.</IS><answer>The director</answer>"]
 #: per agent: the script, then (em, f1, acc) of its answer against the gold "director"
 SCRIPTS = {

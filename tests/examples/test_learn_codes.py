@@ -4,21 +4,32 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import subprocess
 import sys
+import threading
+import time
 from pathlib import Path
 
 import pytest
 import torch
 from transformers import AutoModelForCausalLM
 
+from memagent_examples.learn_codes.reward_curve import follow, summary
 from memagent_examples.learn_codes.reward_curve import main as reward_curve_main
-from memagent_examples.learn_codes.reward_curve import summary
-from memagent_examples.learn_codes.task import Door, demonstration, make_doors, single_token_words, write_task
+from memagent_examples.learn_codes.task import (
+    Door,
+    build_key,
+    demonstration,
+    make_doors,
+    single_token_words,
+    write_task,
+)
 from memagent_examples.learn_codes.warm_start import (
     IGNORE,
     copy_batch,
     copy_pretraining,
+    labelled_loss,
     scripted_samples,
     supervised_steps,
 )
@@ -136,12 +147,33 @@ def test_copy_batch_labels_exactly_the_repeats():
             start += 2 * size
 
 
+def test_labelled_loss_is_the_models_own_loss_on_the_labels(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    input_ids, labels = copy_batch(torch.Generator().manual_seed(1), model.config.vocab_size, batch_size=3, length=40)
+    attention_mask = torch.ones_like(input_ids)
+    attention_mask[2, 30:] = 0  # a right-padded row, its padding unlabelled
+    labels[2, 30:] = IGNORE
+    expected = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
+    torch.testing.assert_close(labelled_loss(model, input_ids, labels, attention_mask), expected)
+
+
 def test_copy_pretraining_updates_the_model(tiny_model_dir):
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     before = model.model.layers[0].self_attn.q_proj.weight.clone()
     losses = copy_pretraining(model, steps=2)
     assert len(losses) == 2 and all(8.0 < loss < 9.0 for loss in losses)  # ~ln(4096) for random tokens
     assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
+
+
+def test_build_key_changes_with_every_input_of_the_build(tmp_path):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text('{"id": "0", "contents": "a"}\n')
+    key = build_key({"seed": "0", "warm_steps": "400"}, [corpus])
+    assert key == build_key({"seed": "0", "warm_steps": "400"}, [corpus])
+    assert key != build_key({"seed": "1", "warm_steps": "400"}, [corpus])
+    assert key != build_key({"seed": "0", "warm_steps": "400"}, [])
+    corpus.write_text('{"id": "0", "contents": "b"}\n')
+    assert key != build_key({"seed": "0", "warm_steps": "400"}, [corpus])
 
 
 def test_reward_curve_summary_png_and_json(tmp_path, capsys):
@@ -207,3 +239,23 @@ def test_follow_prints_one_line_per_training_step(tmp_path):
     command = [sys.executable, "-m", "memagent_examples.learn_codes.reward_curve", "--follow"]
     done = subprocess.run(command, input=stream, capture_output=True, text=True, check=True, cwd=REPO)
     assert done.stdout.splitlines() == ["step   1  reward 0.250  answered 0.88  searches 1.12  (40.0 s)"]
+
+
+def test_follow_says_a_step_is_running_while_none_arrives(capsys):
+    read, write = os.pipe()
+    with os.fdopen(read) as stream, os.fdopen(write, "w") as writer:
+        thread = threading.Thread(target=follow, args=(stream,), kwargs={"quiet_s": 0.2})
+        thread.start()
+        time.sleep(0.5)  # verl starting: no step yet
+        step = {
+            "critic/score/mean": 0.5,
+            "timing_s/step": 9.0,
+            "agent/finish/answered": 1.0,
+            "agent/searches/mean": 1.0,
+        }
+        writer.write(json.dumps({"step": 1, "data": step}) + "\n")
+        writer.close()
+        thread.join(timeout=10)
+    lines = capsys.readouterr().out.splitlines()
+    assert lines[0].startswith("  training: step 1 running (")
+    assert lines[-1] == "step   1  reward 0.500  answered 1.00  searches 1.00  (9.0 s)"

@@ -130,6 +130,8 @@ RELEASED = {
         "data.train_batch_size": 256,  # train.sh:9
         "data.max_response_length": 6024,  # train.sh:13
         "actor_rollout_ref.actor.ppo_mini_batch_size": 128,  # train.sh:10
+        # mini-batches of 128 x n turn rows, the released count (fsdp_workers.py:117-118, dp_actor.py:256)
+        "algorithm.multi_context.fixed_optimizer_steps": False,
         "actor_rollout_ref.actor.optim.lr": 1e-6,  # train.sh:11
         "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.0,  # ppo_trainer.yaml:63
         "actor_rollout_ref.actor.use_kl_loss": True,  # train.sh:64
@@ -161,6 +163,9 @@ RELEASED = {
         "actor_rollout_ref.actor.optim.lr": 1e-6,  # train_ppo.sh:42
         "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.05,  # train_ppo.sh:45
         "actor_rollout_ref.actor.ppo_mini_batch_size": 64,  # train_ppo.sh:46
+        # 2 optimizer steps per step: the released mini-batch holds 64 trajectories, one packed row each
+        "algorithm.multi_context.fixed_optimizer_steps": True,
+        "actor_rollout_ref.actor.clip_ratio_c": float("inf"),  # no dual clip (core_algos.py:165-197)
         "actor_rollout_ref.actor.entropy_coeff": 0.001,  # ppo_trainer.yaml:35
         "actor_rollout_ref.actor.clip_ratio": 0.2,  # ppo_trainer.yaml:34
         "actor_rollout_ref.actor.use_kl_loss": False,  # ppo_trainer.yaml:36
@@ -186,6 +191,7 @@ RELEASED_AGENT = {
         "topk": 10,
         "memory_overflow": "end",
         "observation_max_tokens": None,
+        "action_rules": "released",  # vllm_rollout_spmd.py:612-679, re_call.py:97-184
     },
     "mem1": {  # train_ppo.sh:10,36,38,88
         "max_turns": 6,
@@ -193,6 +199,7 @@ RELEASED_AGENT = {
         "topk": 3,
         "require_state": False,
         "observation_max_tokens": 1000,
+        "released_history_cut": False,  # ours: the released cut loses the question (docs/fidelity.md)
     },
 }  # react: memsearcher's, checked by test_react_differs_from_memsearcher_only_in_context_management
 #: the keys in which react's composed config may differ from memsearcher's: the agent, the run's name

@@ -7,27 +7,8 @@ from verl_memagent.reward.scores import (
     exact_match_score,
     f1_with_format,
     final_answer,
-    memsearcher_format_ok,
     multi_objective_em,
 )
-
-
-@pytest.mark.parametrize(
-    ("text", "ok"),
-    [
-        (r"<think>it is Paris</think> \boxed{Paris}", True),
-        (r"\boxed{Paris}", True),
-        (r"<think>a</think><think>b</think>\boxed{Paris}", False),  # two think blocks
-        (r"<think>unclosed \boxed{Paris}", False),
-        (r"\boxed{Paris} <think>late</think>", False),  # answer before the reasoning closes
-        (r"\boxed{a} \boxed{b}", False),
-        (r"\boxed{}", False),
-        ('<tool_call>{"name": "wikipedia_search"}</tool_call> \\boxed{a}', False),
-        ("no answer at all", False),
-    ],
-)
-def test_memsearcher_format(text, ok):
-    assert memsearcher_format_ok(text) is ok
 
 
 def test_f1_with_format_three_levels():
@@ -38,6 +19,9 @@ def test_f1_with_format_three_levels():
     assert wrong["score"] == 0.1 and wrong["f1"] == 0.0
     broken = f1_with_format("nq", "<think>t</think> Barack Obama", golds, {})
     assert broken["score"] == 0.0 and broken["format_ok"] == 0.0
+    # without a record the text is one ended assistant turn under the released rule (reward/formats.py)
+    assert f1_with_format("nq", r"\boxed{Barack Obama}", golds, {})["score"] == 0.0  # no think block
+    assert f1_with_format("nq", r"<think>a</think><think>b</think>\boxed{Barack Obama}", golds, {})["score"] == 1.0
 
 
 def test_penalised_trajectory_scores_zero():
@@ -74,14 +58,8 @@ def test_final_response_from_the_agent_loop_wins_over_verls_slice():
     assert multi_objective_em("mo", "", [["a"], ["b"]], {"final_response": "<answer>a; b</answer>"})["score"] == 2.0
 
 
-def test_memsearcher_format_with_renamed_tags():
-    assert memsearcher_format_ok(r"<r>a</r>\boxed{x}", think_tag="r")
-    assert not memsearcher_format_ok(r"<r>a</r><r>b</r>\boxed{x}", think_tag="r")
-    assert not memsearcher_format_ok(r"<call>{}</call>\boxed{x}", tool_call_tag="call")
-
-
 def test_the_agents_record_is_scored_not_the_text():
-    text = r"<think>a</think><think>b</think>\boxed{Leda} <answer>Leer</answer>"
+    text = r"<think>a</think><think>b\boxed{Leda} <answer>Leer</answer>"
     recorded = {"final_response": text, "finish_reason": "answer", "final_answer": "Leda", "final_format_ok": True}
     assert f1_with_format("nq", text, ["Leda"], {"final_response": text})["score"] == 0.0  # default grammar
     assert f1_with_format("nq", text, ["Leda"], recorded)["score"] == 1.0
@@ -93,3 +71,8 @@ def test_the_agents_record_is_scored_not_the_text():
     assert exact_match_score("nq", text, ["Leda"], unformatted)["score"] == 1.0  # EM reads no format
     no_answer = {"finish_reason": "max_turns", "final_answer": None, "final_format_ok": False}
     assert exact_match_score("nq", "<answer>Leda</answer>", ["Leda"], no_answer)["score"] == 0.0
+    # the record is the agent's word: under the released rules an answer a trajectory ended without
+    # (`no_memory`: its memory rewrite held a box) still scores, as the released reward scored it
+    memory_answer = {"finish_reason": "no_memory", "final_answer": "Leda", "final_format_ok": True}
+    assert f1_with_format("nq", "", ["Leda"], memory_answer)["score"] == 1.0
+    assert f1_with_format("nq", "", ["Leda"], {**memory_answer, "penalised": True})["score"] == 0.0

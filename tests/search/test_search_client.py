@@ -33,8 +33,7 @@ async def test_search_parses_titles_and_formats_for_prompts(server):
     assert len(docs) == len(QUERIES) and all(len(d) == 3 for d in docs)
     for per_query, raw_hits in zip(docs, raw["result"], strict=True):
         for doc, hit in zip(per_query, raw_hits, strict=True):
-            title, text = hit["document"]["contents"].split("\n", 1)
-            assert doc == Document(hit["document"]["id"], title.strip('"'), text, hit["score"])
+            assert doc == Document(hit["document"]["id"], hit["document"]["contents"], hit["score"])
     first = format_documents(docs[0]).split("\n")[0]
     assert first.startswith("Doc 1(Title: Jeff Porcaro) Jeffrey Thomas Porcaro (April 1, 1954")
 

@@ -27,18 +27,30 @@ from verl_memagent.search import Document
 
 
 def released_documents(documents: list[Document]) -> str:
-    """MEM1's (and Search-R1's) passages: `Doc i(Title: "t") text` lines, each ending in a newline.
+    """MEM1's (and Search-R1's) passages: `Doc i(Title: <first line>) <rest>` lines, each ending in a newline.
 
-    The released client keeps the first line of wiki-18 `contents`, quotes included, as the title
-    (generation_think.py:692-701, inference/data_pipelines.py:24-31).
+    The released client keeps the first line of `contents` verbatim as the title, wiki-18's quotes
+    included (generation_think.py:692-701, inference/data_pipelines.py:24-31).
     """
-    return "".join(f'Doc {i}(Title: "{doc.title}") {doc.text}\n' for i, doc in enumerate(documents, start=1))
+    lines = (doc.contents.partition("\n") for doc in documents)
+    return "".join(f"Doc {i}(Title: {title}) {text}\n" for i, (title, _, text) in enumerate(lines, start=1))
 
 
 def released_question(question: str) -> str:
     """The questions as the released prompt lists them: without our task prefix, each ending in '?'."""
     question = question.removeprefix(TASK_PREFIX)
     return question if question.endswith("?") else question + "?"
+
+
+def released_history_prompt(history: list[int], prompt_tokens: int, kept_tokens: int, cap: int) -> list[int]:
+    """MEM1's released training prompt under `released_history_cut`: the rolling history (question
+    prompt, then every turn's response and observation) cut to its last `cap` tokens
+    (generation_think.py:122-130), of which only the first `prompt_tokens` and the last `kept_tokens`
+    stay visible (tensor_helper.py:39-48, generation_think.py:331-344). While the history fits in
+    `cap`, that is the question prompt + the last turn; past it, the first tokens are mid-history."""
+    window = history[-cap:]
+    head = min(prompt_tokens, len(window))
+    return window[:head] + window[max(head, len(window) - kept_tokens) :]
 
 
 class Mem1AgentLoop(SearchAgentLoop):
@@ -104,10 +116,10 @@ class Mem1AgentLoop(SearchAgentLoop):
             question = released_question(question)
         messages = [{"role": "user", "content": self.prompts.render("user", question=question)}]
         base_ids = await self.ct_build_initial_tokens(messages)
-        prompt_ids, carried_state_tokens = base_ids, 0
+        prompt_ids, carried_state, carried_state_tokens, history = base_ids, "", 0, list(base_ids)
         max_turns, tags = self.settings.max_turns, self.tags
         for turn in range(max_turns):
-            context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens)
+            context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens, memory_before=carried_state)
             trajectory.contexts.append(context)
             generation = await self.generate(context, sampling_params)
             if generation is None:
@@ -121,6 +133,8 @@ class Mem1AgentLoop(SearchAgentLoop):
             context.memory_written = state is not None
             state, carried_state_tokens, truncated = self.truncate(state or "", self.settings.memory_max_tokens)
             context.memory_truncated = truncated
+            context.memory = state if context.memory_written else None
+            carried_state = state
             if truncated and self.settings.memory_overflow != "truncate":
                 return trajectory.finish("memory_overflow", penalised=self.settings.memory_overflow == "penalty")
             if action.kind == "answer":
@@ -134,10 +148,17 @@ class Mem1AgentLoop(SearchAgentLoop):
             )
             if self.style == "released_eval":  # the client sent the conversation as one text
                 prompt_ids = self.encode(self.chat_text(messages) + self.eval_text(generation) + observation)
-            elif truncated:  # the next prompt holds the cut state, encoded; the sample keeps what was sampled
-                kept = (
+                continue
+            if truncated:  # the next prompt holds the cut state, encoded; the sample keeps what was sampled
+                kept = self.encode(
                     f"<{tags['state']}>{state}</{tags['state']}>\n<{tags['search']}>{action.query}</{tags['search']}>"
                 )
-                prompt_ids = base_ids + self.encode(kept) + self.observation_ids(observation)
             else:
-                prompt_ids = base_ids + self.kept_ids(generation) + self.observation_ids(observation)
+                kept = self.kept_ids(generation)
+            observation_ids = self.observation_ids(observation)
+            if self.settings.released_history_cut:
+                history += generation.token_ids + observation_ids
+                cap = int(self.rollout_config.prompt_length)
+                prompt_ids = released_history_prompt(history, len(base_ids), len(kept) + len(observation_ids), cap)
+            else:
+                prompt_ids = base_ids + kept + observation_ids

@@ -12,20 +12,29 @@ written in the system text, the assistant turn opened with `<think>`, tool respo
 in one user turn, no stop strings (a turn ends at the model's end of turn). `released_train` encodes
 the question and the memory apart from the template around them, as the released training code's
 TokenTemplate did; `released_eval` encodes the whole text, as SGLang did for the released checkpoints.
+`action_rules` (agent/parsing.py) decides which turns go on: by default the released rollout's.
 """
 
 from __future__ import annotations
 
 import re
+from dataclasses import dataclass
 from functools import cached_property
 from itertools import chain
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from verl_memagent.agent.parsing import Action, parse_memory, parse_tool_call_action
-from verl_memagent.agent.turns import Context, SearchAgentLoop, Trajectory
-from verl_memagent.reward.answers import extract_tag
+from verl_memagent.agent.parsing import (
+    Action,
+    parse_memory,
+    parse_tool_call_action,
+    released_call,
+    released_tool_calls,
+)
+from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, Trajectory
+from verl_memagent.reward.answers import tag_spans
+from verl_memagent.reward.formats import released_verdict
 from verl_memagent.search import Document
 
 #: stand-ins for the question and memory while the template renders, split out again by `released_train`
@@ -50,21 +59,38 @@ def search_tool_schema(name: str) -> dict[str, Any]:
 
 
 def released_documents(documents: list[Document]) -> str:
-    """MemSearcher's tool result: each passage's `contents` followed by a literal `\\n\\n`, stripped.
+    """MemSearcher's tool result: each passage's `contents`, verbatim, followed by a literal `\\n\\n`, stripped.
 
     The released client writes the two characters backslash and n, not newlines
-    (vllm_rollout_spmd.py:452-455, memsearcher/inference/memsearcher.py:183-186); wiki-18 `contents`
-    is the quoted title, a newline, then the text.
+    (vllm_rollout_spmd.py:452-455, memsearcher/inference/memsearcher.py:183-186).
     """
-    return "".join(f'"{doc.title}"\n{doc.text}\\n\\n' for doc in documents).strip()
+    return "".join(f"{doc.contents}\\n\\n" for doc in documents).strip()
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One tool call a turn runs: its text between the tags (the released tool response repeats it)
+    and the query it searches, or, when it cannot search, the text the model gets instead."""
+
+    text: str
+    query: str | None
+    error: str = ""
 
 
 class ToolCallAgentLoop(SearchAgentLoop):
-    """What `memsearcher` and `react` share: MemSearcher's tool-call format and context rendering."""
+    """What `memsearcher` and `react` share: MemSearcher's tool-call format, its context rendering and
+    the rules of `action_rules` (released or strict) for which turns go on and how answers are judged."""
+
+    #: whether this loop writes MemSearcher's tool-call format (react's `ours` style is Search-R1's tags)
+    tool_call_format = True
 
     @property
     def released(self) -> bool:
         return self.settings.prompt_style != "ours"
+
+    @property
+    def released_rules(self) -> bool:
+        return self.settings.action_rules == "released" and self.tool_call_format
 
     @property
     def stop_tags(self) -> tuple[str, ...]:
@@ -81,7 +107,7 @@ class ToolCallAgentLoop(SearchAgentLoop):
         return self.prompts.render("generation_prefix") + text if self.released else text
 
     def parse_action(self, text: str) -> Action:
-        """The tool-call action of a turn's text, with MemSearcher's format verdict for an answer."""
+        """The strict rules' action of a turn's text, with the strict format verdict for an answer."""
         return parse_tool_call_action(
             self.action_text(text), self.settings.tool_name, self.tags["tool_call"], self.tags["think"]
         )
@@ -93,24 +119,77 @@ class ToolCallAgentLoop(SearchAgentLoop):
         """The chat template's text of `messages` up to the assistant's turn, and the generation prefix."""
         return self.chat_text(messages, tools=self.tools) + self.prompts.render("generation_prefix")
 
+    # ---- which turns go on ----------------------------------------------------------------------
+
+    def calls_to_run(self, trajectory: Trajectory, generation: Generation, last_turn: bool) -> list[ToolCall]:
+        """The calls a turn runs; none after finishing the trajectory at this turn."""
+        if self.released_rules:
+            return self._released_calls(trajectory, generation)
+        action = self.parse_action(generation.text)
+        if action.kind == "answer":
+            trajectory.finish("answer", answer=action)
+        elif action.kind == "invalid":
+            trajectory.finish(action.reason)
+        elif last_turn:  # strict: the last turn is for answering
+            trajectory.finish("max_turns")
+        else:
+            return [ToolCall(text=self._call_text(generation.text), query=action.query)]
+        return []
+
+    def _released_calls(self, trajectory: Trajectory, generation: Generation) -> list[ToolCall]:
+        """Every call of a turn whose tags pair up (vllm_rollout_spmd.py:612-627); a turn cut by the token
+        limit runs none in training (the released inference client does not look). A turn that runs
+        none ends the trajectory: `answer` when the released reward accepts its format, else `bad_format`."""
+        cut = generation.finish == "length" and self.settings.prompt_style != "released_eval"
+        texts = [] if cut else released_tool_calls(self.action_text(generation.text), self.tags["tool_call"])
+        if not texts:
+            _, format_ok = self.final_verdict(trajectory.contexts[-1])
+            trajectory.finish("answer" if format_ok else "bad_format")
+        return [ToolCall(text, *released_call(text)) for text in texts]
+
+    def _call_text(self, text: str) -> str:
+        spans = tag_spans(text, self.tags["tool_call"])
+        return spans[0] if spans else ""
+
+    async def call_results(self, context: Context, calls: list[ToolCall]) -> list[str]:
+        """Each call's result: its documents, or the text the released client shows for a call it cannot run."""
+        return [await self.search(context, call.query) if call.query is not None else call.error for call in calls]
+
+    # ---- the reward's verdict -------------------------------------------------------------------
+
+    def assistant_turns(self, context: Context) -> list[str]:
+        """The context's assistant turns as the released reward reads them, each with the opening the
+        prompt gave it (memsearcher: the action's `<think>`; react: every turn's)."""
+        return [self.action_text(text) for text in context.texts]
+
+    def final_verdict(self, context: Context) -> tuple[str | None, bool]:
+        """(answer, format ok) of the released reward on the final context (re_call.py:97-184); the
+        context must end at the end-of-sequence token the model sampled."""
+        ended = bool(context.response_mask) and context.response_mask[-1] == 1
+        ended = ended and context.response_ids[-1] == self.tokenizer.eos_token_id
+        return released_verdict(self.assistant_turns(context), ended, self.tags["think"], self.tags["tool_call"])
+
     def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
         """The outputs; released, `final_response` is the final assistant turn opened by the prompt's
-        `<think>`: the text the released reward judged (re_call.py:97-184)."""
+        `<think>`, and under the released rules the record is the released reward's verdict on the
+        final context, however the trajectory ended (a memory rewrite can hold the answer)."""
         outputs = super().outputs(trajectory)
-        if self.released:
-            final = self.prompts.render("generation_prefix") + self.final_turn_text(outputs[-1])
-            for output in outputs:
-                output.extra_fields["final_response"] = final
+        final, extra = trajectory.contexts[-1], {}
+        if self.released and final.texts:
+            extra["final_response"] = self.assistant_turns(final)[-1]
+        if self.released_rules:
+            extra["final_answer"], extra["final_format_ok"] = self.final_verdict(final)
+        for output in outputs:
+            output.extra_fields.update(extra)
         return outputs
 
-    def final_turn_text(self, final_output: AgentLoopOutput) -> str:
-        """The text of the final assistant turn: the whole response of the last context."""
-        return final_output.extra_fields["final_response"]
-
-    def tool_messages(self, action_text: str, documents: str) -> list[dict]:
-        """The messages after a search: one user turn with the tool response (released)."""
-        call = extract_tag(action_text, self.tags["tool_call"]) or ""
-        return [{"role": "user", "content": self.prompts.render("tool_response", call=call, documents=documents)}]
+    def tool_messages(self, calls: list[ToolCall], results: list[str]) -> list[dict]:
+        """The messages after a turn's calls: one user turn with every tool response (released)."""
+        content = "".join(
+            self.prompts.render("tool_response", call=call.text, documents=result)
+            for call, result in zip(calls, results, strict=True)
+        )
+        return [{"role": "user", "content": content}]
 
 
 class MemSearcherAgentLoop(ToolCallAgentLoop):
@@ -152,53 +231,53 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         messages = [{"role": "system", "content": self.prompts.render("system")}, {"role": "user", "content": user}]
         return await self.ct_build_initial_tokens(messages, tools=self.tools)
 
-    def tool_messages(self, action_text: str, documents: str) -> list[dict]:
+    def assistant_turns(self, context: Context) -> list[str]:
+        """The action, opened by the prompt's `<think>`, then the memory rewrite (opened by nothing)."""
+        return [self.action_text(text) for text in context.texts[:1]] + context.texts[1:]
+
+    def tool_messages(self, calls: list[ToolCall], results: list[str]) -> list[dict]:
         if self.released:
-            return super().tool_messages(action_text, documents)
-        return [
-            {"role": "tool", "content": documents},
-            {"role": "user", "content": self.prompts.render("memory_update")},
-        ]
+            return super().tool_messages(calls, results)
+        tool_turns = [{"role": "tool", "content": result} for result in results]
+        return [*tool_turns, {"role": "user", "content": self.prompts.render("memory_update")}]
 
     async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
-        max_turns, overflow_mode = self.settings.max_turns, self.settings.memory_overflow
+        max_turns = self.settings.max_turns
         memory, memory_tokens = "", 0
         for turn in range(max_turns):
             prompt_ids = await self.turn_prompt_ids(question, memory, turn)
-            context = Context(prompt_ids=prompt_ids, memory_tokens=memory_tokens)
+            context = Context(prompt_ids=prompt_ids, memory_tokens=memory_tokens, memory_before=memory)
             trajectory.contexts.append(context)
 
             action_gen = await self.generate(context, sampling_params)
             if action_gen is None:
                 return trajectory.finish("context_limit")
-            action = self.parse_action(action_gen.text)
-            if action.kind == "answer":
-                return trajectory.finish("answer", answer=action)
-            if action.kind == "invalid":
-                return trajectory.finish(action.reason)
-            if turn == max_turns - 1:
-                return trajectory.finish("max_turns")
-
-            documents = await self.search(context, action.query)
+            calls = self.calls_to_run(trajectory, action_gen, last_turn=turn == max_turns - 1)
+            if not calls:
+                return None
+            results = await self.call_results(context, calls)
             # the history's text only tells verl's token builder where the new turn starts
             history = [{"role": "user", "content": ""}, {"role": "assistant", "content": action_gen.text}]
-            new_messages = self.tool_messages(action_gen.text, documents)
-            if not await self.insert_messages(context, history, new_messages, tools=self.tools):
+            if not await self.insert_messages(context, history, self.tool_messages(calls, results), tools=self.tools):
                 return trajectory.finish("context_limit")
 
             memory_gen = await self.generate(context, sampling_params)
             if memory_gen is None:
                 return trajectory.finish("context_limit")
             new_memory, closed = parse_memory(memory_gen.text, self.tags["memory"])
-            if self.settings.prompt_style == "released_eval" and not (closed and new_memory):
-                # the released inference client goes on with an empty memory (memsearcher.py:245-310)
-                memory, memory_tokens = "", 0
+            if self.settings.prompt_style == "released_eval":
+                # the released inference client goes on with whatever memory it read, or none (memsearcher.py:289-310)
+                memory = new_memory if closed and new_memory else ""
+                memory_tokens, context.memory_written = len(self.encode(memory)), bool(memory)
                 continue
             if not new_memory:  # the released code goes on only with a non-empty memory
                 return trajectory.finish("no_memory")
             context.memory_written = True
             memory, memory_tokens, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
-            if (not closed or truncated) and overflow_mode != "truncate":
+            context.memory = memory
+            overflow_mode = self.settings.memory_overflow
+            if (memory_gen.finish == "length" or not closed or truncated) and overflow_mode != "truncate":
                 # `end`: the released code stops a trajectory whose rewrite ran out of tokens or is too long
                 return trajectory.finish("memory_overflow", penalised=overflow_mode == "penalty")
             context.memory_truncated = truncated
+        return trajectory.finish("max_turns")

@@ -15,9 +15,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
-
-from verl_memagent.agent.memsearcher import ToolCallAgentLoop
+from verl_memagent.agent.memsearcher import ToolCall, ToolCallAgentLoop
 from verl_memagent.agent.parsing import Action, parse_tag_action
 from verl_memagent.agent.turns import Context, Trajectory
 
@@ -33,8 +31,10 @@ class ReactAgentLoop(ToolCallAgentLoop):
         "information": "information",
     }
     one_output_per_context = False
-    #: the text of the latest generate call: the final assistant turn once the trajectory ends
-    last_text = ""
+
+    @property
+    def tool_call_format(self) -> bool:
+        return self.released
 
     def parse_action(self, text: str) -> Action:
         if self.released:
@@ -55,28 +55,23 @@ class ReactAgentLoop(ToolCallAgentLoop):
             generation = await self.generate(context, sampling_params)
             if generation is None:
                 return trajectory.finish("context_limit")
-            self.last_text = generation.text
-            action = self.parse_action(generation.text)
-            if action.kind == "answer":
-                return trajectory.finish("answer", answer=action)
-            if action.kind == "invalid":
-                return trajectory.finish(action.reason)
-            if turn == max_turns - 1:
-                return trajectory.finish("max_turns")
-            documents = await self.search(context, action.query)
-            if not await self.add_tool_response(context, generation.text, documents, last_turn=turn + 2 == max_turns):
+            calls = self.calls_to_run(trajectory, generation, last_turn=turn == max_turns - 1)
+            if not calls:
+                return None
+            results = await self.call_results(context, calls)
+            if not await self.add_tool_response(context, generation.text, calls, results, turn + 2 == max_turns):
                 return trajectory.finish("context_limit")
+        return trajectory.finish("max_turns")
 
-    def final_turn_text(self, final_output: AgentLoopOutput) -> str:
-        """The last assistant turn only: the whole history holds earlier turns' tool calls."""
-        return self.last_text
-
-    async def add_tool_response(self, context: Context, action_text: str, documents: str, last_turn: bool) -> bool:
+    async def add_tool_response(
+        self, context: Context, action_text: str, calls: list[ToolCall], results: list[str], last_turn: bool
+    ) -> bool:
         """Append the tool response (masked); released: as a user turn, then the next `<think>` opening."""
         if not self.released:
+            documents = "".join(results)
             observation = self.prompts.render("observation", documents=documents, last_turn=last_turn)
             return self.add_observation(context, observation)
         history = [{"role": "user", "content": ""}, {"role": "assistant", "content": action_text}]
-        if not await self.insert_messages(context, history, self.tool_messages(action_text, documents)):
+        if not await self.insert_messages(context, history, self.tool_messages(calls, results)):
             return False
         return self.add_inserted_ids(context, self.encode_constant(self.prompts.render("generation_prefix")))

@@ -27,6 +27,10 @@ MEMORY_OVERFLOW_MODES = ("end", "truncate", "penalty")
 #: (the released checkpoints' input format), or the project's own prompts (docs/fidelity.md)
 PROMPT_STYLES = ("released_train", "released_eval", "ours")
 
+#: how memsearcher and react read MemSearcher's tool-call format: as the released rollout and reward,
+#: or with the project's stricter rules (agent/parsing.py, reward/formats.py)
+ACTION_RULES = ("released", "strict")
+
 
 @cache
 def default_prompts(agent: str, style: str) -> dict[str, str]:
@@ -36,17 +40,18 @@ def default_prompts(agent: str, style: str) -> dict[str, str]:
 
 @dataclass
 class AgentSettings:
-    """Everything an agent loop can be told; defaults follow the papers' training settings.
+    """Everything an agent loop can be told. The defaults are the released MemSearcher training settings
+    (the `memsearcher` entry of agent_loops.yaml, docs/fidelity.md); the shipped YAML's entries, which
+    verl's registry carries too, set each agent's own.
 
     Limits (all in tokens of the policy's tokenizer):
-      max_turns: LLM contexts per trajectory (react: search rounds). The last turn is told to answer;
-        a search there is not run and the trajectory ends with finish reason `max_turns`.
+      max_turns: LLM contexts per trajectory (react: generate calls).
       max_new_tokens: cap of every generate call.
-      memory_max_tokens / memory_overflow: a memory rewrite (memsearcher) that the generation limit cut
-        before its closing tag, or a memory or internal state (mem1) longer than the cap, ends the
-        trajectory there (`end`, the released MemSearcher code), is cut to the cap and the trajectory
-        goes on (`truncate`, ours: the model keeps its turn), or ends it with `penalised` set, so
-        rewards give 0 (`penalty`).
+      memory_max_tokens / memory_overflow: a memory rewrite (memsearcher) whose call hit the token limit
+        or that left its memory unclosed, or a memory or internal state (mem1) longer than the cap, ends
+        the trajectory there (`end`, the released code), is cut to the cap and the trajectory goes on
+        (`truncate`, ours: the model keeps its turn), or ends it with `penalised` set, so rewards give
+        0 (`penalty`).
       observation_max_tokens: the formatted documents of one search are cut to this many tokens;
         None: no cap (the released MemSearcher code; the documents are then never encoded on their own).
       context_max_tokens: prompt + response of one context; None means verl's
@@ -59,8 +64,19 @@ class AgentSettings:
         `released_eval` as its released inference code fed the released checkpoints, `ours` with the
         project's prompts (tool schema through the chat template, a turns-left line). Picks the
         default templates of prompts.yaml and the agent's own rules for that style.
+      action_rules (memsearcher, and react in MemSearcher's tool-call format): `released` runs every
+        tool call of a turn, a malformed one with the released error text as its result, ends the
+        trajectory at a turn without a call and records the released reward's verdict on the final
+        context; a search in the last turn still runs (and memsearcher's memory rewrite after it).
+        `strict` (ours) accepts one well-formed call or one answer in the strict format
+        (reward/formats.py) per turn, ends the trajectory with its reason on anything else, and runs no
+        search in the last turn.
       require_state (mem1): a turn without a closed internal-state tag before its action ends the
         trajectory (`no_state`). Off in the released code, which checks no format during rollout.
+      released_history_cut (mem1): the next prompt is the whole rolling history cut from the left to
+        the rollout's prompt length and then masked to its first prompt-length tokens plus the last turn,
+        as the released training code did, so that a long trajectory loses its question; off: the
+        prompt is always the question + the last turn (the method's context).
     """
 
     retriever_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
@@ -68,17 +84,19 @@ class AgentSettings:
     retriever_max_retries: int = 3
     retriever_backoff_s: float = 0.5
     retriever_token: str | None = None
-    topk: int = 3
+    topk: int = 10
     max_turns: int = 5
     max_new_tokens: int = 512
     memory_max_tokens: int = 1024
     memory_overflow: str = "end"
-    observation_max_tokens: int | None = 1024
+    observation_max_tokens: int | None = None
     context_max_tokens: int | None = None
     stop: list[str] | None = None
     tool_name: str = "wikipedia_search"
     prompt_style: str = "released_train"
+    action_rules: str = "released"
     require_state: bool = False
+    released_history_cut: bool = False
     tags: dict[str, str] = field(default_factory=dict)
     prompts: dict[str, str] = field(default_factory=dict)
 
@@ -93,6 +111,8 @@ class AgentSettings:
             raise ValueError(f"memory_overflow: expected one of {MEMORY_OVERFLOW_MODES}, got {self.memory_overflow!r}")
         if self.prompt_style not in PROMPT_STYLES:
             raise ValueError(f"prompt_style: expected one of {PROMPT_STYLES}, got {self.prompt_style!r}")
+        if self.action_rules not in ACTION_RULES:
+            raise ValueError(f"action_rules: expected one of {ACTION_RULES}, got {self.action_rules!r}")
 
 
 def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str, Any]) -> AgentSettings:

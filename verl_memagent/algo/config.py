@@ -7,6 +7,7 @@ from dataclasses import dataclass, fields
 GRPO, GAE = "multi_context_grpo", "multi_context_gae"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
 TRAINERS = tuple(f"memagent_{mode}" for mode in TRAINER_MODES)
+ON_NONFINITE = ("stop", "skip")
 
 
 @dataclass(frozen=True)
@@ -17,8 +18,13 @@ class MultiContextConfig:
     weight_trajectories: bool = False
     #: gamma in gamma^(T - t): earlier turns get a discounted share of the trajectory advantage (GRPO)
     turn_discount: float = 1.0
-    #: optimizer steps per training step = train_batch_size / ppo_mini_batch_size, whatever the turn count
-    fixed_optimizer_steps: bool = True
+    #: optimizer steps per training step = train_batch_size / ppo_mini_batch_size, whatever the turn count;
+    #: off (verl's and the released MemSearcher's): ppo_mini_batch_size x rollout.n samples per step
+    fixed_optimizer_steps: bool = False
+    #: a NaN or infinite advantage, return or loss: "stop" the run, or "skip" that optimizer step
+    on_nonfinite: str = "stop"
+    #: do not take an actor optimizer step whose advantages are all zero (nothing to learn from)
+    skip_zero_advantage_steps: bool = False
 
     @classmethod
     def from_algorithm(cls, algorithm) -> MultiContextConfig:
@@ -30,4 +36,8 @@ class MultiContextConfig:
         config = cls(**section)
         if not 0.0 < config.turn_discount <= 1.0:
             raise ValueError(f"algorithm.multi_context.turn_discount must be in (0, 1], got {config.turn_discount}")
+        if config.on_nonfinite not in ON_NONFINITE:
+            raise ValueError(
+                f"algorithm.multi_context.on_nonfinite must be one of {list(ON_NONFINITE)}, got {config.on_nonfinite!r}"
+            )
         return config

@@ -204,6 +204,24 @@ def grpo_row_advantages(
     return per_row, metrics
 
 
+def rows_off_their_trajectory(layout: TrajectoryLayout, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """Valid rows whose generated tokens do not all carry one advantage shared by every row of their
+    trajectory, as `multi_context_grpo` without `turn_discount` gives them; their indices, ascending.
+
+    A check of the batch as trained: advantages read back by sample key must still sit on the rows of
+    the trajectory they were computed for, whatever verl did to the batch's order in between."""
+    mask = mask.bool() & layout.valid.unsqueeze(-1)
+    generated = mask.any(-1)
+    first = advantages.gather(-1, mask.to(torch.uint8).argmax(-1, keepdim=True)).squeeze(-1)
+    uneven = ((advantages - first.unsqueeze(-1)).abs() * mask).amax(-1) > 0
+    slots = layout.num_trajectories + 1
+    value = torch.where(generated, first, torch.nan)
+    high = torch.full((slots,), -torch.inf).scatter_reduce(0, layout.trajectory, value.nan_to_num(-torch.inf), "amax")
+    low = torch.full((slots,), torch.inf).scatter_reduce(0, layout.trajectory, value.nan_to_num(torch.inf), "amin")
+    split = (high != low) & torch.isfinite(high) & torch.isfinite(low)
+    return ((uneven | split[layout.trajectory]) & generated).nonzero().squeeze(1)
+
+
 def _masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Zero-mean, unit-variance (unbiased) over the masked entries, as verl whitens GAE advantages."""
     count = mask.sum()

@@ -12,30 +12,46 @@ The update steps keep the number of optimizer steps per training step fixed by c
 (`ppo_mini_batch_size * rollout.n`), so trajectories with K turns would make K times the steps.
 
 `AgentMetricsMixin` adds what the agent did (searches, finish reasons, memory, ...) to verl's metrics
-of every training step and validation.
+of every training step and validation; `TrajectoryRecordsMixin` writes a sample of whole trajectories
+(`verl_memagent.algo.trajectory_records`).
 """
 
 from __future__ import annotations
 
 import copy
+import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
+from dataclasses import dataclass
 from functools import cached_property
 
 import numpy as np
 import transfer_queue as tq
 from omegaconf import DictConfig, OmegaConf, open_dict
 from transfer_queue import KVBatchMeta
+from verl.protocol import DataProtoFuture
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.debug import marked_timer
 
 from verl_memagent.algo.agent_metrics import agent_metrics, agent_metrics_by_source
 from verl_memagent.algo.config import GAE, GRPO, MultiContextConfig
-from verl_memagent.algo.estimators import TrajectoryLayout
+from verl_memagent.algo.estimators import TrajectoryLayout, rows_off_their_trajectory
+from verl_memagent.algo.trajectory_records import TrajectoryRecorder
+from verl_memagent.algo.update_plan import (
+    UpdatePlan,
+    describe,
+    empty_steps,
+    nonfinite_steps,
+    plan_update,
+    zero_advantage_steps,
+)
 from verl_memagent.algo.verl_estimators import TrajectoryBatch, providing
+
+logger = logging.getLogger(__name__)
 
 
 def check_agent_ids(layout: TrajectoryLayout, extra_fields: Sequence[dict]) -> None:
@@ -57,6 +73,18 @@ def check_agent_ids(layout: TrajectoryLayout, extra_fields: Sequence[dict]) -> N
     turns = np.array([int(f.get("turn_index", -1)) for _, f in tagged])
     if not np.array_equal(turns, layout.turn.numpy()[rows]):
         raise ValueError("extra_fields.turn_index differs from the output's position: run() must return turns in order")
+
+
+def check_trajectory_advantages(layout: TrajectoryLayout, advantages, mask, keys: Sequence[str]) -> None:
+    """Every row the actor trains on carries its trajectory's one advantage (`multi_context_grpo` without
+    `turn_discount`), read back by sample key after verl's advantage step and reordering."""
+    rows = rows_off_their_trajectory(layout, advantages, mask)
+    if rows.numel():
+        shown = ", ".join(keys[row] for row in rows[:4].tolist())
+        raise ValueError(
+            f"{rows.numel()} rows do not carry their trajectory's advantage ({shown}): the advantages were "
+            "written to other rows than they were computed for"
+        )
 
 
 class MultiContextTrainerMixin:
@@ -90,6 +118,10 @@ class MultiContextTrainerMixin:
         metrics.update(trajectories.metrics)
         return batch
 
+    def _advantages_per_trajectory(self) -> bool:
+        """One advantage per trajectory on all its rows: ours GRPO without a turn discount."""
+        return self.config.algorithm.adv_estimator == GRPO and self.multi_context.turn_discount == 1.0
+
     def _trajectory_batch(self, batch: KVBatchMeta) -> TrajectoryBatch:
         """The batch's layout from its keys, checked against the agents' tags, plus for GAE the critic's
         values and the reward before in-reward KL, padded as verl's `_compute_advantage` pads them."""
@@ -105,7 +137,7 @@ class MultiContextTrainerMixin:
             trajectories.values, trajectories.token_level_scores = padded["values"], padded["rm_scores"]
         return trajectories
 
-    # ---- a fixed number of optimizer steps -------------------------------------------------------
+    # ---- the optimizer steps of an update -------------------------------------------------------
 
     def _optimizer_steps(self, section: DictConfig) -> int:
         """Mini-batches per update: the prompts of one local step over the configured mini-batch."""
@@ -132,33 +164,149 @@ class MultiContextTrainerMixin:
         sections = [OmegaConf.select(self.config, path) for path in self._updated_sections()]
         return math.lcm(*(self._optimizer_steps(s) * self._sample_unit(s, dp_size) for s in sections))
 
+    def _samples_per_step(self, section: DictConfig, samples: int) -> int:
+        """Samples of one optimizer step: verl's `ppo_mini_batch_size * n`, or with a fixed number of
+        steps the update's samples over that number."""
+        if self.multi_context.fixed_optimizer_steps:
+            return samples // self._optimizer_steps(section)
+        return section.ppo_mini_batch_size * self.config.actor_rollout_ref.rollout.n
+
     @contextmanager
-    def _mini_batches_for(self, samples: int) -> Iterator[None]:
-        """While the block runs, `self.config` is a copy whose `ppo_mini_batch_size` splits `samples` into
-        the configured number of steps; the config verl and the other components share is never changed."""
-        if not self.multi_context.fixed_optimizer_steps:
-            yield
-            return
+    def _mini_batches_of(self, section: str, per_step: int) -> Iterator[None]:
+        """While the block runs, `self.config` is a copy whose `section.ppo_mini_batch_size` makes
+        mini-batches of `per_step` samples; the config verl and the other components share is never changed."""
         shared, sized = self.config, copy.deepcopy(self.config)
         with open_dict(sized):
-            for path in self._updated_sections():
-                section = OmegaConf.select(sized, path)
-                per_step = samples // self._optimizer_steps(section)
-                section.ppo_mini_batch_size = per_step // sized.actor_rollout_ref.rollout.n
+            OmegaConf.select(sized, section).ppo_mini_batch_size = per_step // sized.actor_rollout_ref.rollout.n
         self.config = sized
         try:
             yield
         finally:
             self.config = shared
 
+    def _dp_size(self, worker_group, mesh: str) -> int:
+        """Data-parallel ranks the worker group splits a batch over, as verl's dispatch reads them."""
+        if mesh not in worker_group._dispatch_info:
+            worker_group._dispatch_info[mesh] = worker_group._query_dispatch_info(mesh)
+        return max(worker_group._dispatch_info[mesh]) + 1
+
     # verl reads the mini-batch size from `self.config` on each update; it counts samples, not prompts
     def _update_actor(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        with self._mini_batches_for(len(batch)):
-            return super()._update_actor(batch, metrics)
+        role = _Role("actor", "actor_rollout_ref.actor", self.actor_rollout_wg, "actor", "update_actor", ["advantages"])
+        return self._planned_update(role, batch, metrics, super()._update_actor)
 
     def _update_critic(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
-        with self._mini_batches_for(len(batch)):
-            return super()._update_critic(batch, metrics)
+        role = _Role("critic", "critic", self.critic_wg, "train", "train_mini_batch", ["returns"])
+        return self._planned_update(role, batch, metrics, super()._update_critic)
+
+    def _planned_update(self, role: _Role, batch: KVBatchMeta, metrics: dict, update) -> KVBatchMeta:
+        """verl's update, on the optimizer steps that have something to learn (`update_plan`): checked
+        before the workers see them, and their losses checked after."""
+        section = OmegaConf.select(self.config, role.section)
+        if section.get("shuffle", False):
+            raise ValueError(
+                f"{role.section}.shuffle: true draws each optimizer step's rows at random inside verl's workers, "
+                f"so the trainer cannot check them before the update: set {role.section}.shuffle=false"
+            )
+        per_step = self._samples_per_step(section, len(batch))
+        dp_size = self._dp_size(role.group, role.mesh)
+        micro = None if section.get("use_dynamic_bsz", False) else section.ppo_micro_batch_size_per_gpu
+        padding = [tag.get("is_padding", False) for tag in batch.tags]
+        plan = plan_update(padding, dp_size, per_step // dp_size, micro, self.multi_context.fixed_optimizer_steps)
+        data = tq.kv_batch_get(
+            keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask", *role.fields]
+        ).to_padded_tensor()
+        mask = data["response_mask"]
+        what = f"step {self.global_steps}, {role.name} update"
+        if role.name == "actor" and self._advantages_per_trajectory():
+            layout = TrajectoryLayout.from_keys(batch.keys, padding)
+            check_trajectory_advantages(layout, data["advantages"], mask, batch.keys)
+
+        dropped = {p.step: p for p in empty_steps(plan, mask)}
+        for problem in nonfinite_steps(plan, mask, {name: data[name] for name in role.fields}):
+            message = describe(problem, plan, batch.keys, what)
+            if self.multi_context.on_nonfinite == "stop":
+                raise NonFiniteUpdateError(f"{message}; set +algorithm.multi_context.on_nonfinite=skip to skip it")
+            logger.warning("skipped %s", message)
+            dropped.setdefault(problem.step, problem)
+        if role.name == "actor" and self.multi_context.skip_zero_advantage_steps:
+            for problem in zero_advantage_steps(plan, mask, data["advantages"]):
+                dropped.setdefault(problem.step, problem)
+        reasons = [p.reason for p in dropped.values()]
+        metrics[f"multi_context/{role.name}_steps"] = float(plan.steps - len(dropped))
+        metrics[f"multi_context/{role.name}_skipped_empty"] = float(reasons.count("no loss token"))
+        metrics[f"multi_context/{role.name}_skipped_zero_advantage"] = float(reasons.count("zero advantages"))
+        metrics[f"multi_context/{role.name}_skipped_nonfinite"] = float(sum(r.endswith("not finite") for r in reasons))
+        kept = [step for step in range(plan.steps) if step not in dropped]
+        if not kept:
+            return batch
+        steps = batch.select_keys([batch.keys[row] for row in plan.keeping(kept)])
+        with self._mini_batches_of(role.section, per_step), _outputs_of(role.group, role.method) as outputs:
+            update(steps, metrics)
+        self._check_losses(role, outputs, plan, kept, batch.keys, what)
+        return batch
+
+    def _check_losses(self, role: _Role, outputs: list, plan: UpdatePlan, kept: list[int], keys, what: str) -> None:
+        """A loss the workers report as NaN or infinite came from the model's log-probs or the critic's
+        values (advantages, returns and loss tokens were checked before): stop, or with
+        `on_nonfinite=skip` log it (verl's engine takes no optimizer step on a non-finite gradient)."""
+        for output in outputs:
+            output = output.get() if isinstance(output, DataProtoFuture) else output
+            for name, values in output["metrics"].items():
+                if not ("loss" in name or name == "grad_norm"):
+                    continue
+                values = np.asarray(getattr(values, "values", values), dtype=float).reshape(-1)
+                if np.isfinite(values).all():
+                    continue
+                at = int(np.flatnonzero(~np.isfinite(values))[0])
+                where = ""
+                if values.size % len(kept) == 0:  # one value per optimizer step (and epoch)
+                    step = kept[at % len(kept)]
+                    rows = plan.step_rows(step)
+                    shown = ", ".join(keys[row] for row in rows[:4]) + (" ..." if len(rows) > 4 else "")
+                    where = f", optimizer step {step + 1} of {plan.steps} (rows {shown})"
+                name = name if name.startswith(f"{role.name}/") else f"{role.name}/{name}"
+                message = f"{what}{where}: the workers report {name} = {values[at]}"
+                if self.multi_context.on_nonfinite == "stop":
+                    raise NonFiniteUpdateError(message)
+                logger.warning("%s; verl's engine skips an optimizer step whose gradient is not finite", message)
+
+
+class NonFiniteUpdateError(RuntimeError):
+    """An update would train on, or reported, a NaN or infinite value (`algorithm.multi_context.on_nonfinite`)."""
+
+
+@dataclass(frozen=True)
+class _Role:
+    """What the trainer checks of one role's update, and where verl's update of it goes."""
+
+    name: str  # actor or critic
+    section: str  # its config section
+    group: object  # its worker group
+    mesh: str  # the dispatch mesh verl splits its batch by
+    method: str  # the worker group's method that receives the update
+    fields: list[str]  # response-shaped fields checked before the update (the rest show in its losses)
+
+
+@contextmanager
+def _outputs_of(group, method: str) -> Iterator[list]:
+    """Collect what `group.method` returns while the block runs (verl's update reads it and drops it)."""
+    outputs: list = []
+    call = getattr(group, method)
+    own = method in vars(group)  # verl's worker groups bind their remote methods per instance
+
+    def recording(*args, **kwargs):
+        outputs.append(result := call(*args, **kwargs))
+        return result
+
+    setattr(group, method, recording)
+    try:
+        yield outputs
+    finally:
+        if own:
+            setattr(group, method, call)
+        else:
+            delattr(group, method)
 
 
 class AgentMetricsMixin:
@@ -173,39 +321,80 @@ class AgentMetricsMixin:
             metrics.update(agent_metrics(list(data["extra_fields"])))
 
     def _validate(self) -> dict[str, float]:
-        """verl's validation; each validation batch's fields are read as the replay buffer hands it out."""
         fields: list[dict] = []
         sources: list[str] = []
-        sample = self.replay_buffer.sample
 
-        def sample_and_read(*args, **kwargs):
-            batch, sample_metrics = sample(*args, **kwargs)
-            if batch.keys:
-                data = tq.kv_batch_get(
-                    keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "data_source"]
-                )
-                fields.extend(data["extra_fields"])
-                sources.extend(data["data_source"])
-            return batch, sample_metrics
+        def read(batch: KVBatchMeta) -> None:
+            data = tq.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "data_source"]
+            )
+            fields.extend(data["extra_fields"])
+            sources.extend(data["data_source"])
 
-        self.replay_buffer.sample = sample_and_read
-        try:
+        with reading_validation_batches(self, read):
             val_metrics = super()._validate()
-        finally:
-            del self.replay_buffer.sample
         return {**val_metrics, **agent_metrics_by_source(fields, sources)}
 
 
+class TrajectoryRecordsMixin:
+    """Writes a sample of whole trajectories after every training step and validation, to
+    `<trainer.default_local_dir>/trajectories/` and the run's wandb (`trainer.trajectories`)."""
+
+    @cached_property
+    def trajectory_recorder(self) -> TrajectoryRecorder:
+        return TrajectoryRecorder.from_trainer_config(self.config, self.tokenizer)
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
+        with marked_timer("trajectory_records", timing_raw):  # reported as timing_s/trajectory_records
+            self.trajectory_recorder.training_step(batch, global_steps)
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+
+    def _validate(self) -> dict[str, float]:
+        sample = self.trajectory_recorder.validation(self.global_steps)
+        with reading_validation_batches(self, sample.add):
+            val_metrics = super()._validate()
+        sample.write()
+        return val_metrics
+
+
+@contextmanager
+def reading_validation_batches(trainer, read: Callable[[KVBatchMeta], None]) -> Iterator[None]:
+    """While the block runs (verl's `_validate`), `read(batch)` sees each validation batch as the replay
+    buffer hands it out, with its rewards, before verl clears it. Nests: each restores what it replaced."""
+    buffer = trainer.replay_buffer
+    replaced = vars(buffer).get("sample")
+    sample = buffer.sample
+
+    def sample_and_read(*args, **kwargs):
+        batch, sample_metrics = sample(*args, **kwargs)
+        if batch.keys:
+            read(batch)
+        return batch, sample_metrics
+
+    buffer.sample = sample_and_read
+    try:
+        yield
+    finally:
+        if replaced is None:
+            del buffer.sample
+        else:
+            buffer.sample = replaced
+
+
 @register_trainer("memagent_sync")
-class MultiContextTrainerSync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync):
+class MultiContextTrainerSync(TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync):
     base_mode = "sync"
 
 
 @register_trainer("memagent_colocate_async")
-class MultiContextTrainerColocateAsync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync):
+class MultiContextTrainerColocateAsync(
+    TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync
+):
     base_mode = "colocate_async"
 
 
 @register_trainer("memagent_separate_async")
-class MultiContextTrainerSeparateAsync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync):
+class MultiContextTrainerSeparateAsync(
+    TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync
+):
     base_mode = "separate_async"

@@ -58,16 +58,30 @@ def f1_score(prediction: str, golds: Iterable[str]) -> float:
     return best
 
 
+def tag_spans(text: str, tag: str) -> list[str]:
+    """Contents of every complete `<tag>...</tag>` span, stripped, left to right; a span ends at the
+    first closing tag after its opening."""
+    pattern = rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>"
+    return [match.strip() for match in re.findall(pattern, text, flags=re.DOTALL)]
+
+
 def extract_tag(text: str, tag: str) -> str | None:
     """Content of the last complete `<tag>...</tag>` span, or None."""
-    matches = re.findall(rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>", text, flags=re.DOTALL)
-    return matches[-1].strip() if matches else None
+    spans = tag_spans(text, tag)
+    return spans[-1] if spans else None
 
 
 def extract_boxed(text: str) -> str | None:
-    """Content of the last `\\boxed{...}` with balanced braces, or None (an unclosed box is no answer)."""
-    start = text.rfind("\\boxed{")
-    if start < 0:
+    """The answer in the last box, read as MemSearcher's released reward reads it, stripped; None without one.
+
+    With `\\boxed ` (a space) anywhere, what follows the last one up to a `$`; otherwise the last
+    `\\boxed` must open a brace, and the answer runs to the brace that balances it (None if none does).
+    Other box commands (`\\fbox`) give no answer (re_call.py:6-46).
+    """
+    if "\\boxed " in text:
+        return text.rsplit("\\boxed ", 1)[1].split("$", 1)[0].strip()
+    start = text.rfind("\\boxed")
+    if start < 0 or not text.startswith("\\boxed{", start):
         return None
     depth, begin = 0, start + len("\\boxed{")
     for i in range(begin, len(text)):

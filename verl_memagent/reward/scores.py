@@ -5,15 +5,16 @@ returns a dict whose `score` is the reward; the other keys become verl's `reward
 verl merges the agent loop's `extra_fields` into `extra_info` and scores the trajectory's final output
 (the last of an agent loop's list; the score is copied to the others).
 
-The agent owns the grammar of its outputs: our loops parse the final action with their configured tags
+The agent owns the grammar of its outputs: our loops parse the final context with their configured tags
 and record `extra_info["final_answer"]` (the answer, or None) and `extra_info["final_format_ok"]` (the
-format verdict). The rewards score that record. Outputs without one, such as plain completions
-in `verl-memagent eval`, are parsed here with the default tags (`<answer>`, `\\boxed{}`, `<think>`,
-`<tool_call>`), from `extra_info["final_response"]` if present (verl 0.9.1 hands `solution_str` over as a
-slice of the last response sized by the longest output of the list), else `solution_str`.
-A trajectory the agent loop ended without a valid answer (`extra_info["finish_reason"]` other than
-`answer`, e.g. an invalid action or the turn limit) or with a penalty (`extra_info["penalised"]`, memory
-overflow in penalty mode) scores 0.
+format verdict, `reward.formats`; false for a trajectory their rules end without a valid answer). The
+rewards score that record. Outputs without one, such as plain completions in `verl-memagent eval`, are
+parsed here with the default tags (`<answer>`, `\\boxed{}`, `<think>`, `<tool_call>`; MemSearcher's
+released format rule on the text as one ended assistant turn), from `extra_info["final_response"]` if
+present (verl 0.9.1 hands `solution_str` over as a slice of the last response sized by the longest
+output of the list), else `solution_str`; such an output scores 0 when `extra_info["finish_reason"]`
+says our loop ended it without an answer. A trajectory ended with a penalty (`extra_info["penalised"]`,
+memory overflow in penalty mode) scores 0.
 
 | name | use |
 | --- | --- |
@@ -26,23 +27,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_memagent.reward.answers import (
-    exact_match,
-    extract_answer,
-    extract_boxed,
-    f1_score,
-    gold_answers,
-    split_objectives,
-)
+from verl_memagent.reward.answers import exact_match, extract_answer, f1_score, gold_answers, split_objectives
+from verl_memagent.reward.formats import released_verdict
 
 FORMAT_ONLY_REWARD = 0.1
 
 
 def _penalised(extra_info: Any) -> bool:
-    """Whether our agent loop ended the trajectory without a valid answer (its `finish_reason`) or with a penalty."""
+    """Whether the trajectory earns nothing whatever its text: a penalty, or (for outputs without the
+    agent's record) our loop ended it without an answer (its `finish_reason`)."""
     if not isinstance(extra_info, dict):
         return False
-    return bool(extra_info.get("penalised")) or extra_info.get("finish_reason", "answer") != "answer"
+    ended_without_answer = "final_format_ok" not in extra_info and extra_info.get("finish_reason", "answer") != "answer"
+    return bool(extra_info.get("penalised")) or ended_without_answer
 
 
 def _final_response(solution_str: str, extra_info: Any) -> str:
@@ -59,23 +56,9 @@ def _recorded(extra_info: Any) -> tuple[str | None, bool] | None:
     return (answer if isinstance(answer, str) else None), bool(extra_info["final_format_ok"])
 
 
-def memsearcher_format_ok(text: str, think_tag: str = "think", tool_call_tag: str = "tool_call") -> bool:
-    """MemSearcher's answer turn: at most one closed think block, then one non-empty `\\boxed{}`, no tool call."""
-    if f"<{tool_call_tag}>" in text or text.count("\\boxed{") != 1:
-        return False
-    opening, closing = f"<{think_tag}>", f"</{think_tag}>"
-    opened, closed = text.count(opening), text.count(closing)
-    if opened != closed or opened > 1:
-        return False
-    answer = extract_boxed(text)
-    if not answer:
-        return False
-    return not opened or text.index(closing) < text.index("\\boxed{")
-
-
 def final_answer(solution_str: str, extra_info: Any = None) -> str | None:
     """The answer `exact_match_score` and `multi_objective_em` score: the one the agent recorded, else the
-    last `<answer>` span (or `\\boxed{}`) of the final response; None without one or when penalised."""
+    last `<answer>` span (or box) of the final response; None without one or when penalised."""
     if _penalised(extra_info):
         return None
     recorded = _recorded(extra_info)
@@ -87,8 +70,7 @@ def f1_with_format(data_source: str, solution_str: str, ground_truth: Any, extra
     golds = gold_answers(ground_truth)
     recorded = _recorded(extra_info)
     if recorded is None:
-        text = _final_response(solution_str, extra_info)
-        recorded = extract_boxed(text), memsearcher_format_ok(text)
+        recorded = released_verdict([_final_response(solution_str, extra_info)], ended=True)
     answer, format_ok = recorded
     format_ok = format_ok and answer is not None and not _penalised(extra_info)
     answer = answer if format_ok else None
