@@ -62,6 +62,8 @@ def _parser() -> argparse.ArgumentParser:
                        help="a request head must be complete within this (408 and closed)")  # fmt: skip
     serve.add_argument("--body-timeout-s", type=float, default=limits.body_timeout_s,
                        help="longest wait for the next byte of a body (408 and closed)")  # fmt: skip
+    serve.add_argument("--keep-alive-s", type=float, default=limits.keep_alive_s,
+                       help="an idle connection between requests is closed after this")  # fmt: skip
     serve.add_argument("--max-batch", type=int, default=256, help="queries per shared encoder/index batch")
     serve.add_argument("--max-wait-ms", type=float, default=0.0, help="wait for more queries before a batch")
     serve.add_argument("--cache-size", type=int, default=100_000, help="LRU entries (0 disables the cache)")

@@ -61,6 +61,7 @@ class ServerLimits:
     max_headers: int = 100
     header_timeout_s: float = 10.0  # for the whole head, from the connection or the request's first byte
     body_timeout_s: float = 30.0  # without a byte while a body is read
+    keep_alive_s: float = 5.0  # an idle connection between requests is closed after this (uvicorn's default)
     token: str | None = None
 
     def __post_init__(self):

@@ -88,7 +88,8 @@ def serve(
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]
     http = protocol_class(limits, state.connections)
-    config = uvicorn.Config(app, http=http, log_level=log_level, access_log=False, timeout_graceful_shutdown=5)
+    config = uvicorn.Config(app, http=http, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
+                            timeout_keep_alive=limits.keep_alive_s)  # fmt: skip
     server = uvicorn.Server(config)
     if port_file is not None:
         Path(port_file).write_text(str(bound_port))

@@ -10,7 +10,7 @@ import httpx
 import pytest
 
 LIMITS = ("--max-queries", "8", "--max-body-bytes", "4096", "--max-header-bytes", "2048", "--max-headers", "20",
-          "--header-timeout-s", "1", "--body-timeout-s", "1")  # fmt: skip
+          "--header-timeout-s", "1", "--body-timeout-s", "1", "--keep-alive-s", "1")  # fmt: skip
 HEAD = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 
 
@@ -128,3 +128,16 @@ def test_a_stalled_body_is_closed_after_the_body_timeout_with_one_log_line(serve
     lines = [line for line in server.log.read_text().splitlines() if "no body byte" in line]
     assert lines == ["WARNING:  retriever_server: POST /retrieve: no body byte for 1 s after 11 of 100; closed"]
     assert httpx.get(f"{server.url}/health").json()["status"] == "ready"
+
+
+def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(server):
+    """Answered and kept alive, then closed once idle past --keep-alive-s (1 s here, 5 s by default)."""
+    body = b'{"queries": ["Toto"]}'
+    with connect(server) as connection:
+        connection.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(body) + body)
+        answer = b""
+        while b"\r\n\r\n" not in answer or not answer.endswith(b"}]]}"):
+            answer += connection.recv(65536)
+        assert answer.startswith(b"HTTP/1.1 200") and b"connection: close" not in answer.lower()
+        connection.settimeout(4.5)  # sooner than uvicorn's default of 5 s
+        assert until_closed(connection) == b""
