@@ -11,7 +11,7 @@ from pathlib import Path
 from retriever_server.corpus import CorpusError
 from retriever_server.errors import IndexLoadError
 from retriever_server.index import KINDS
-from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions, default_threads
+from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions, ServerLimits, default_threads
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -36,20 +36,34 @@ def _parser() -> argparse.ArgumentParser:
                        help="dense: query encoder of CPU servers (int8: several times fp32, kept only where a check "
                             "finds it keeps recall on this corpus; passages are never quantised)")  # fmt: skip
     build.add_argument("--threads", type=int, default=os.cpu_count() or 1)
+    build.add_argument("--progress-every-s", type=float, default=10.0,
+                       help="seconds between progress lines when stderr is not a terminal")  # fmt: skip
 
     serve = commands.add_parser("serve", help="serve an index over HTTP")
     serve.add_argument("--index", type=Path, required=True)
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     serve.add_argument("--port-file", type=Path, help="write the bound port to this file")
-    serve.add_argument("--topk-default", type=int, default=3, help="/retrieve's topk if none is given (Search-R1's)")
-    serve.add_argument(
-        "--top-n-default", type=int, default=10, help="/search's top_n when none is given (MemSearcher's)"
-    )
-    serve.add_argument("--topk-max", type=int, default=50, help="largest topk accepted; every query is searched to it")
-    serve.add_argument("--max-queries", type=int, default=1024, help="queries per request")
-    serve.add_argument("--max-query-chars", type=int, default=4096)
-    serve.add_argument("--max-body-bytes", type=int, default=4 * 1024 * 1024)
+    limits = ServerLimits()
+    serve.add_argument("--topk-default", type=int, default=limits.topk_default,
+                       help="/retrieve's topk if none is given (Search-R1's)")  # fmt: skip
+    serve.add_argument("--top-n-default", type=int, default=limits.top_n_default,
+                       help="/search's top_n when none is given (MemSearcher's)")  # fmt: skip
+    serve.add_argument("--topk-max", type=int, default=limits.topk_max,
+                       help="largest topk accepted; every query is searched to it")  # fmt: skip
+    serve.add_argument("--max-queries", type=int, default=limits.max_queries, help="queries per request")
+    serve.add_argument("--max-query-chars", type=int, default=limits.max_query_chars,
+                       help="a longer query is cut to this many characters (not refused)")  # fmt: skip
+    serve.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes)
+    serve.add_argument("--max-header-bytes", type=int, default=limits.max_header_bytes,
+                       help="request line and header fields together (431 beyond)")  # fmt: skip
+    serve.add_argument("--max-headers", type=int, default=limits.max_headers, help="header fields (431 beyond)")
+    serve.add_argument("--header-timeout-s", type=float, default=limits.header_timeout_s,
+                       help="a request head must be complete within this (408 and closed)")  # fmt: skip
+    serve.add_argument("--body-timeout-s", type=float, default=limits.body_timeout_s,
+                       help="longest wait for the next byte of a body (408 and closed)")  # fmt: skip
+    serve.add_argument("--keep-alive-s", type=float, default=limits.keep_alive_s,
+                       help="an idle connection between requests is closed after this")  # fmt: skip
     serve.add_argument("--max-batch", type=int, default=256, help="queries per shared encoder/index batch")
     serve.add_argument("--max-wait-ms", type=float, default=0.0, help="wait for more queries before a batch")
     serve.add_argument("--cache-size", type=int, default=100_000, help="LRU entries (0 disables the cache)")
@@ -68,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument(
         "--search-processes", type=int, default=1, help="searchers (encoder + index), each a process loading the index"
     )
+    serve.add_argument("--crash-window-s", type=float, default=10.0,
+                       help="a restarted search process that dies again within this stops the server")  # fmt: skip
     serve.add_argument("--log-level", default="warning")
     return parser
 
@@ -88,7 +104,9 @@ def _build(args: argparse.Namespace) -> int:
         )
     from retriever_server.index import build_index
 
-    meta = build_index(args.kind, args.corpus, args.out, dense=dense, threads=args.threads)
+    meta = build_index(
+        args.kind, args.corpus, args.out, dense=dense, threads=args.threads, progress_every_s=args.progress_every_s
+    )
     if "int8_check" in meta.get("dense", {}):
         from retriever_server.int8_check import summary
 
@@ -98,7 +116,6 @@ def _build(args: argparse.Namespace) -> int:
 
 
 def _serve(args: argparse.Namespace) -> int:
-    from retriever_server.app import ServerLimits
     from retriever_server.server import serve
 
     if args.search_processes < 1:
@@ -136,6 +153,7 @@ def _serve(args: argparse.Namespace) -> int:
         port_file=args.port_file,
         log_level=args.log_level,
         search_processes=args.search_processes,
+        crash_window_s=args.crash_window_s,
     )
 
 

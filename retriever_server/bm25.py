@@ -8,6 +8,7 @@ English analyser there)."""
 from __future__ import annotations
 
 import importlib.util
+from collections.abc import Iterable
 from pathlib import Path
 
 import bm25s
@@ -15,6 +16,7 @@ import numpy as np
 import Stemmer
 
 from retriever_server.corpus import CorpusStore
+from retriever_server.progress import BuildProgress, counted
 from retriever_server.results import pad, search_where
 
 LANGUAGE = "english"
@@ -22,8 +24,8 @@ STOPWORDS = "en"
 K1, B = 0.9, 0.4  # pyserini's defaults
 
 
-def _tokenize(texts: list[str], stemmer: Stemmer.Stemmer, *, ids: bool, show_progress: bool = False):
-    return bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=stemmer, return_ids=ids, show_progress=show_progress)
+def _tokenize(texts: Iterable[str], stemmer: Stemmer.Stemmer, *, ids: bool):
+    return bm25s.tokenize(texts, stopwords=STOPWORDS, stemmer=stemmer, return_ids=ids, show_progress=False)
 
 
 def terms(texts: list[str]) -> list[list[str]]:
@@ -31,12 +33,18 @@ def terms(texts: list[str]) -> list[list[str]]:
     return _tokenize(texts, Stemmer.Stemmer(LANGUAGE), ids=False)
 
 
-def build_bm25(store: CorpusStore, out_dir: Path, *, show_progress: bool = True) -> dict:
-    """Index every passage's contents (title and text) and save the bm25s files to `out_dir`."""
+BUILD_PHASES = ["tokenize", "index"]
+
+
+def build_bm25(store: CorpusStore, out_dir: Path, progress: BuildProgress) -> dict:
+    """Index every passage's contents (title and text) and save the bm25s files to `out_dir`. bm25s
+    reads the passages one by one from the store (not all held as strings at once)."""
     stemmer = Stemmer.Stemmer(LANGUAGE)
-    tokens = _tokenize(list(store.iter_contents()), stemmer, ids=True, show_progress=show_progress)
+    with progress.phase("tokenize", len(store)) as done:
+        tokens = _tokenize(counted(store.iter_contents(), done), stemmer, ids=True)
     retriever = bm25s.BM25(k1=K1, b=B)
-    retriever.index(tokens, show_progress=show_progress)
+    with progress.phase("index"):  # bm25s counts and scores: its own bars on a terminal
+        retriever.index(tokens, show_progress=progress.on_terminal)
     retriever.save(str(out_dir))
     return {"stemmer": LANGUAGE, "stopwords": STOPWORDS, "k1": K1, "b": B, "vocab_size": len(tokens.vocab)}
 

@@ -12,11 +12,11 @@ faiss is imported by the faiss kinds only: building or serving a `torch` index d
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from retriever_server.results import pad
 
@@ -27,8 +27,11 @@ FAISS_FILE = "faiss.index"
 EMBEDDINGS_FILE = "embeddings.npy"
 
 
-def build_faiss(embeddings: np.ndarray, kind: str, path: Path, *, chunk: int = 65536, show_progress: bool = True):
-    """Build a faiss index of `kind` from float32 [n, d] embeddings and write it to `path`."""
+def build_faiss(
+    embeddings: np.ndarray, kind: str, path: Path, *, chunk: int = 65536, done: Callable[[int], None] = lambda n: None
+):
+    """Build a faiss index of `kind` from float32 [n, d] embeddings and write it to `path`; `done(n)`
+    is told the vectors added, chunk by chunk."""
     import faiss
 
     n, dim = embeddings.shape
@@ -46,8 +49,9 @@ def build_faiss(embeddings: np.ndarray, kind: str, path: Path, *, chunk: int = 6
         index.train(np.ascontiguousarray(embeddings[np.sort(sample)]))
     else:
         raise ValueError(f"index kind: expected one of {INDEX_KINDS}, got {kind!r}")
-    for start in tqdm(range(0, n, chunk), desc=f"faiss {kind}", disable=not show_progress):
+    for start in range(0, n, chunk):
         index.add(np.ascontiguousarray(embeddings[start : start + chunk]))
+        done(min(chunk, n - start))
     faiss.write_index(index, str(path))
 
 

@@ -21,7 +21,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from tqdm import tqdm
 
 from retriever_server.options import QUANTIZE_CHOICES
 from retriever_server.quantize import quantize_int8
@@ -266,11 +265,11 @@ def encode_corpus(
     *,
     chunk: int = 1024,
     batch_size: int = 64,
-    show_progress: bool = True,
+    done: Callable[[int], None] = lambda passages: None,
 ) -> None:
-    """Embed passages [0, count) into `out` (e.g. a memory-mapped .npy) chunk by chunk, with a progress bar."""
-    with tqdm(total=count, desc="encode", unit=" passages", disable=not show_progress) as bar:
-        for start in range(0, count, chunk):
-            stop = min(start + chunk, count)
-            out[start:stop] = encoder.encode_passages(passages(start, stop), batch_size)
-            bar.update(stop - start)
+    """Embed passages [0, count) into `out` (e.g. a memory-mapped .npy) chunk by chunk; `done(n)` is
+    told each chunk's passages."""
+    for start in range(0, count, chunk):
+        stop = min(start + chunk, count)
+        out[start:stop] = encoder.encode_passages(passages(start, stop), batch_size)
+        done(stop - start)

@@ -15,6 +15,7 @@ import numpy as np
 from retriever_server.corpus import CorpusError, CorpusStore, build_store
 from retriever_server.errors import IndexLoadError
 from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions
+from retriever_server.progress import BuildProgress
 from retriever_server.results import search_where
 
 META_FILE = "meta.json"
@@ -34,8 +35,10 @@ def build_index(
     dense: DenseOptions | None = None,
     threads: int = 2,
     show_progress: bool = True,
+    progress_every_s: float = 10.0,
 ) -> dict:
-    """Build an index of `kind` for the JSON-lines `corpus` in `out_dir`; returns its meta."""
+    """Build an index of `kind` for the JSON-lines `corpus` in `out_dir`; returns its meta. Its phases
+    report progress on stderr (`progress.py`) unless `show_progress` is False."""
     if kind not in KINDS:
         raise ValueError(f"--kind: expected one of {KINDS}, got {kind!r}")
     if kind == "dense" and dense is None:
@@ -44,19 +47,22 @@ def build_index(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / META_FILE).unlink(missing_ok=True)
     started = time.perf_counter()
-    num_passages = build_store(corpus, out_dir / "corpus", show_progress=show_progress)
+    progress = BuildProgress(build_phases(kind, dense), enabled=show_progress, every_s=progress_every_s)
+    with progress.phase("corpus", Path(corpus).stat().st_size if Path(corpus).is_file() else None, "bytes") as read:
+        num_passages = build_store(corpus, out_dir / "corpus", read=read)
     store = CorpusStore(out_dir / "corpus")
     meta: dict = {"format": FORMAT_VERSION, "kind": kind, "num_passages": num_passages, "corpus": str(corpus)}
     if kind == "bm25":
         from retriever_server.bm25 import build_bm25
 
-        meta["bm25"] = build_bm25(store, out_dir / "bm25", show_progress=show_progress)
+        meta["bm25"] = build_bm25(store, out_dir / "bm25", progress)
     elif kind == "pyserini":
         from retriever_server.pyserini_index import build_pyserini
 
-        meta["pyserini"] = build_pyserini(store, out_dir / "lucene", threads=threads)
+        with progress.phase("lucene"):
+            meta["pyserini"] = build_pyserini(store, out_dir / "lucene", threads=threads)
     else:
-        meta["dense"] = _build_dense(store, out_dir, dense, show_progress)
+        meta["dense"] = _build_dense(store, out_dir, dense, progress)
     meta["build_seconds"] = round(time.perf_counter() - started, 2)
     tmp = out_dir / (META_FILE + ".tmp")
     tmp.write_text(json.dumps(meta, indent=2))
@@ -64,7 +70,19 @@ def build_index(
     return meta
 
 
-def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, show_progress: bool) -> dict:
+def build_phases(kind: str, dense: DenseOptions | None) -> list[str]:
+    """The phases a build of `kind` goes through, in order."""
+    if kind == "bm25":
+        return ["corpus", "tokenize", "index"]
+    if kind == "pyserini":
+        return ["corpus", "lucene"]
+    check = ["int8 check"] if dense.query_quantize == "int8" else []
+    if dense.prebuilt_faiss is not None:
+        return ["corpus", *check]
+    return ["corpus", "encode", *check, *(["faiss"] if dense.index_type != "torch" else [])]
+
+
+def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progress: BuildProgress) -> dict:
     from retriever_server.dense import EMBEDDINGS_FILE, FAISS_FILE, FAISS_KINDS, INDEX_KINDS, FaissIndex, build_faiss
     from retriever_server.encoders import Encoder, encode_corpus, resolve_spec
 
@@ -87,37 +105,40 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, show_
             except RuntimeError:  # e.g. IVF-PQ, which keeps codes
                 raise IndexLoadError("--prebuilt-faiss keeps no passage vectors to check the int8 query encoder "
                                      "against; pass --query-quantize none") from None  # fmt: skip
-        return {**meta, **_query_quantize(options, spec, store, prebuilt.vectors)}
+        return {**meta, **_query_quantize(options, spec, store, prebuilt.vectors, progress)}
     encoder = Encoder(spec, device=options.device)
     embeddings_path = out_dir / EMBEDDINGS_FILE
     embeddings = np.lib.format.open_memmap(
         embeddings_path, mode="w+", dtype=np.float32, shape=(len(store), encoder.dim)
     )
-    encode_corpus(
-        encoder,
-        lambda start, stop: list(store.iter_contents(start, stop)),
-        len(store),
-        embeddings,
-        batch_size=options.batch_size,
-        show_progress=show_progress,
-    )
+    with progress.phase("encode", len(store)) as done:
+        encode_corpus(
+            encoder,
+            lambda start, stop: list(store.iter_contents(start, stop)),
+            len(store),
+            embeddings,
+            batch_size=options.batch_size,
+            done=done,
+        )
     embeddings.flush()
-    meta.update(dim=encoder.dim, **_query_quantize(options, spec, store, embeddings.__getitem__))
+    meta.update(dim=encoder.dim, **_query_quantize(options, spec, store, embeddings.__getitem__, progress))
     if options.index_type in FAISS_KINDS:
-        build_faiss(embeddings, options.index_type, out_dir / FAISS_FILE, show_progress=show_progress)
+        with progress.phase("faiss", len(store)) as done:
+            build_faiss(embeddings, options.index_type, out_dir / FAISS_FILE, done=done)
         del embeddings
         embeddings_path.unlink()
     return meta
 
 
-def _query_quantize(options: DenseOptions, spec, store: CorpusStore, vectors) -> dict:
+def _query_quantize(options: DenseOptions, spec, store: CorpusStore, vectors, progress: BuildProgress) -> dict:
     """The meta's CPU query encoder: int8 where asked and the check finds it keeps recall
     (`int8_check.py`; its figures are stored too), else fp32 ("none")."""
     if options.query_quantize != "int8":
         return {"query_quantize": options.query_quantize}
     from retriever_server.int8_check import check_int8_queries
 
-    check = check_int8_queries(spec, store, vectors)
+    with progress.phase("int8 check"):
+        check = check_int8_queries(spec, store, vectors)
     return {"query_quantize": "int8" if check["kept"] else "none", "int8_check": check}
 
 

@@ -42,3 +42,29 @@ def default_threads(search_processes: int) -> int:
     A thread pool that asks for every core waits at each op for whichever of its threads another
     process has preempted, so it must not count on the cores the HTTP side is using."""
     return max(1, (len(os.sched_getaffinity(0)) - 1) // search_processes)
+
+
+@dataclass(frozen=True)
+class ServerLimits:
+    """What `serve` accepts (each field is the option of the same name). The defaults are the original
+    servers' (Search-R1's topk 3, MemSearcher's top_n 10); the limits sit far above any paper's
+    batch (Search-R1 sends 512 x 5 = 2,560 queries in one request) and only bound what a broken or
+    hostile client can cost. `topk_max` is also the depth every query is searched to."""
+
+    topk_default: int = 3
+    top_n_default: int = 10
+    topk_max: int = 50
+    max_queries: int = 65_536  # per request
+    max_query_chars: int = 8_192  # a longer query is cut to this many characters, not refused
+    max_body_bytes: int = 32 * 1024 * 1024  # 16,384 queries of 2,000 characters (parsed on the loop: ~10 ms/MB)
+    max_header_bytes: int = 64 * 1024  # request line and header fields together
+    max_headers: int = 100
+    header_timeout_s: float = 10.0  # for the whole head, from the connection or the request's first byte
+    body_timeout_s: float = 30.0  # without a byte while a body is read
+    keep_alive_s: float = 5.0  # an idle connection between requests is closed after this (uvicorn's default)
+    token: str | None = None
+
+    def __post_init__(self):
+        for name, value in vars(self).items():
+            if name != "token" and not value > 0:
+                raise ValueError(f"--{name.replace('_', '-')}: expected a positive number, got {value}")

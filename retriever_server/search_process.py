@@ -10,8 +10,9 @@ Each child runs `LoadOptions.threads` threads in every library it loads (by defa
 `options.default_threads`), so that the processes do not fight over the cores.
 
 The child stops when the pipe closes: on `close()`, and when the server dies in any way (its end of
-the pipe closes with it), so no search process outlives its server. A child that dies first fails
-the search that finds it gone and calls `on_exit` (the server then stops with the reason).
+the pipe closes with it), so no search process outlives its server. A child that dies first raises
+`SearchProcessDied` in the search that finds it gone; its `sentinel` also becomes readable, so a
+supervisor (`pool.py`) learns of a death while the process is idle too.
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ import contextlib
 import multiprocessing
 import os
 import signal
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -40,18 +41,15 @@ THREAD_VARIABLES = (
 )
 
 
+class SearchProcessDied(RuntimeError):
+    """The search process ended (killed, crashed, out of memory) while a search needed it."""
+
+
 class SearchProcess:
     """A `Searcher` loaded and run in a child process: `search(queries, k)`, plus the index
     `description`. Loading blocks; a failure raises the child's `IndexLoadError`."""
 
-    def __init__(
-        self,
-        index_dir: Path,
-        options: LoadOptions,
-        *,
-        warm_up_depth: int,
-        on_exit: Callable[[str], None] = lambda reason: None,
-    ):
+    def __init__(self, index_dir: Path, options: LoadOptions, *, warm_up_depth: int):
         context = multiprocessing.get_context("spawn")  # no fork of a process with threads running
         self._pipe, child_end = context.Pipe()
         self._process = context.Process(
@@ -67,12 +65,23 @@ class SearchProcess:
             failed, payload = self._pipe.recv()
         except EOFError:
             self.close()
-            raise IndexLoadError(f"the search process exited while loading ({self._exit()})") from None
+            raise IndexLoadError(f"the search process exited while loading ({self.reap()})") from None
         if failed:
             self.close()
             raise payload
         self.description: dict = payload
-        self._on_exit = on_exit
+
+    @property
+    def pid(self) -> int:
+        return self._process.pid
+
+    @property
+    def sentinel(self) -> int:
+        """A file descriptor that becomes readable when the process ends."""
+        return self._process.sentinel
+
+    def is_alive(self) -> bool:
+        return self._process.is_alive()
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         """Top-k (rows, scores) of each query, searched by the child; called by one thread at a time."""
@@ -80,19 +89,22 @@ class SearchProcess:
             self._pipe.send((queries, k))
             failed, payload = self._pipe.recv()
         except (EOFError, OSError):
-            raise self._gone() from None
+            raise SearchProcessDied(f"search process {self.pid} is gone") from None
         if failed:
             raise payload
         return payload
 
-    def _exit(self) -> str:
+    def reap(self) -> str:
+        """Wait for the ended process (a few seconds at most) and say how it ended."""
+        self._pipe.close()
         self._process.join(timeout=5)
-        return f"exit code {self._process.exitcode}"
-
-    def _gone(self) -> RuntimeError:
-        reason = f"the search process is gone ({self._exit()})"
-        self._on_exit(reason)
-        return RuntimeError(reason)
+        code = self._process.exitcode
+        if code is None:
+            return "still running"
+        if code < 0:
+            with contextlib.suppress(ValueError):
+                return f"killed by {signal.Signals(-code).name}"
+        return f"exit code {code}"
 
     def close(self) -> None:
         self._pipe.close()

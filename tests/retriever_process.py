@@ -50,12 +50,22 @@ class ServerProcess:
         except (urllib.error.URLError, OSError):
             return False
 
+    def search_pids(self) -> list[int]:
+        """The server's search processes (its children but multiprocessing's resource tracker)."""
+        children = [int(pid) for task in Path(f"/proc/{self.process.pid}/task").glob("*/children")
+                    for pid in task.read_text().split()]  # fmt: skip
+        return [pid for pid in children if "spawn_main" in _read(f"/proc/{pid}/cmdline")]
+
+    def rss_mb(self) -> float:
+        """Resident memory of the server and its search processes now (Linux /proc VmRSS), in MB."""
+        return round(sum(_status_kb(pid, "VmRSS") for pid in _with_descendants(self.process.pid)) / 1024, 1)
+
     def peak_rss_mb(self) -> float:
         """Peak resident memory of the server and its search process (Linux /proc VmHWM), in MB.
 
         The sum of each process's own peak: an upper bound of their peak together, which also counts
         the memory-mapped pages both read twice."""
-        return round(sum(_peak_rss_kb(pid) for pid in _with_descendants(self.process.pid)) / 1024, 1)
+        return round(sum(_status_kb(pid, "VmHWM") for pid in _with_descendants(self.process.pid)) / 1024, 1)
 
     def stop(self) -> None:
         if self.process.poll() is None:
@@ -63,17 +73,24 @@ class ServerProcess:
             self.process.wait(timeout=60)
 
 
+def _read(path: str) -> str:
+    try:
+        return Path(path).read_text()
+    except OSError:  # the process has ended meanwhile
+        return ""
+
+
 def _with_descendants(pid: int) -> list[int]:
     """`pid` and every process below it, from /proc/PID/task/*/children (any thread may have started one)."""
     pids = [pid]
     for task in Path(f"/proc/{pid}/task").glob("*/children"):
-        for child in task.read_text().split():
+        for child in _read(str(task)).split():
             pids += _with_descendants(int(child))
     return pids
 
 
-def _peak_rss_kb(pid: int) -> int:
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("VmHWM:"):
+def _status_kb(pid: int, field: str) -> int:
+    for line in _read(f"/proc/{pid}/status").splitlines():
+        if line.startswith(f"{field}:"):
             return int(line.split()[1])
     return 0

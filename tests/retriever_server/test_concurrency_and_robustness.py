@@ -84,7 +84,7 @@ async def test_each_answer_is_the_one_searched_alone_whatever_its_batch(uncached
 def test_search_processes_share_the_cores(uncached):
     """By default each of N search processes runs (usable cores - 1) / N threads in every library."""
     expected = str(max(1, (len(os.sched_getaffinity(0)) - 1) // 2))
-    pids = _search_processes(uncached.process.pid)
+    pids = uncached.search_pids()
     assert len(pids) == 2
     for pid in pids:
         environ = dict(v.split("=", 1) for v in Path(f"/proc/{pid}/environ").read_text().split("\0") if "=" in v)
@@ -162,17 +162,12 @@ def _children(pid: int) -> list[int]:
     return [int(child) for child in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
 
 
-def _search_processes(pid: int) -> list[int]:
-    """The server's search processes, beside multiprocessing's resource tracker."""
-    return [child for child in _children(pid) if "spawn_main" in Path(f"/proc/{child}/cmdline").read_text()]
-
-
 @pytest.mark.parametrize("stop", [signal.SIGTERM, signal.SIGKILL])
 def test_no_process_outlives_its_server(retriever_server, bm25_index_dir, stop):
     """Each searcher runs in a child process; they end with the server, even one killed outright."""
     server = retriever_server(bm25_index_dir, *NUMPY_BM25, "--search-processes", "2")
     children = _children(server.process.pid)
-    assert len(_search_processes(server.process.pid)) == 2, "each searcher should run in a child process of its own"
+    assert len(server.search_pids()) == 2, "each searcher should run in a child process of its own"
     assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto"]}).status_code == 200
     server.process.send_signal(stop)
     server.process.wait(timeout=60)
@@ -180,16 +175,6 @@ def test_no_process_outlives_its_server(retriever_server, bm25_index_dir, stop):
     while any(map(_alive, children)) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(map(_alive, children))
-
-
-def test_a_server_whose_search_process_dies_exits_with_the_reason(retriever_server, bm25_index_dir):
-    server = retriever_server(bm25_index_dir, *NUMPY_BM25)
-    assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto"]}).status_code == 200
-    (searcher,) = _search_processes(server.process.pid)
-    os.kill(searcher, signal.SIGKILL)
-    assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Porcaro"]}).status_code == 500
-    assert server.process.wait(timeout=60) == 1
-    assert "the search process is gone (exit code -9)" in server.log.read_text()
 
 
 def _vm_hwm_mb(pid: int | str) -> float:
@@ -201,7 +186,7 @@ def test_peak_rss_counts_the_search_process(retriever_server, bm25_index_dir):
     """The index lives in the search process: a server's memory is both processes', not the HTTP one's."""
     server = retriever_server(bm25_index_dir, *NUMPY_BM25)
     pid = server.process.pid
-    (searcher,) = _search_processes(pid)
+    (searcher,) = server.search_pids()
     assert server.peak_rss_mb() >= round(_vm_hwm_mb(pid) + _vm_hwm_mb(searcher), 1) > _vm_hwm_mb(pid)
 
 

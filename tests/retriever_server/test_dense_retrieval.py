@@ -80,7 +80,7 @@ def torch_index(tmp_path_factory, subset, minilm_dir) -> Path:
 def flat_index(tmp_path_factory, subset, minilm_dir, torch_index) -> Path:
     """A faiss Flat file built elsewhere, imported like Search-R1's e5_Flat.index (no re-encoding)."""
     faiss_file = tmp_path_factory.mktemp("prebuilt") / "e5_Flat.index"
-    build_faiss(np.load(torch_index / EMBEDDINGS_FILE), "flat", faiss_file, show_progress=False)
+    build_faiss(np.load(torch_index / EMBEDDINGS_FILE), "flat", faiss_file)
     out = tmp_path_factory.mktemp("dense_flat")
     _build("--corpus", str(subset[0]), "--out", str(out), "--encoder", minilm_dir, "--prebuilt-faiss", str(faiss_file))
     return out
@@ -314,7 +314,7 @@ def test_faiss_kinds_agree_with_the_exact_torch_index(torch_index, tmp_path):
     np.testing.assert_allclose(sharded_scores, exact_scores, rtol=1e-6)
     overlap = {}
     for kind in ("flat", "hnsw", "ivfpq"):
-        build_faiss(embeddings, kind, tmp_path / kind, show_progress=False)
+        build_faiss(embeddings, kind, tmp_path / kind)
         rows, _ = FaissIndex(tmp_path / kind).search(queries, 10)
         overlap[kind] = np.mean([len(set(a) & set(b)) / 10 for a, b in zip(rows, exact_rows, strict=True)])
     assert overlap["flat"] == 1.0 and overlap["hnsw"] >= 0.95 and overlap["ivfpq"] >= 0.5, overlap
@@ -395,7 +395,7 @@ async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, 
 def test_a_prebuilt_faiss_without_vectors_needs_fp32_queries(tmp_path, subset, minilm_dir, torch_index):
     """IVF-PQ keeps codes, not vectors: nothing to check int8 against, so the build says to use fp32."""
     faiss_file = tmp_path / "ivfpq.index"
-    build_faiss(np.load(torch_index / EMBEDDINGS_FILE), "ivfpq", faiss_file, show_progress=False)
+    build_faiss(np.load(torch_index / EMBEDDINGS_FILE), "ivfpq", faiss_file)
     args = ["--encoder", minilm_dir, "--corpus", str(subset[0]), "--prebuilt-faiss", str(faiss_file)]
     result = _build(*args, "--out", str(tmp_path / "a"), check=False)
     assert result.returncode == 2 and "keeps no passage vectors" in result.stderr
@@ -406,7 +406,7 @@ def test_a_prebuilt_faiss_without_vectors_needs_fp32_queries(tmp_path, subset, m
 
 def test_prebuilt_faiss_of_another_corpus_is_refused(tmp_path, data_dir, minilm_dir, torch_index):
     faiss_file = tmp_path / "other.index"
-    build_faiss(np.load(torch_index / EMBEDDINGS_FILE)[:10], "flat", faiss_file, show_progress=False)
+    build_faiss(np.load(torch_index / EMBEDDINGS_FILE)[:10], "flat", faiss_file)
     args = ["--encoder", minilm_dir, "--corpus", str(data_dir / "corpus.jsonl"), "--out", str(tmp_path / "o")]
     result = _build(*args, "--prebuilt-faiss", str(faiss_file), check=False)
     assert result.returncode == 2 and "holds 10 vectors, the corpus 14230 passages" in result.stderr

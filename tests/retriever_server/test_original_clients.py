@@ -1,10 +1,13 @@
 """The released clients' requests, replayed against a real server: each test sends what one client
 sends (with `requests`, as they all do) and reads the answer the way that client reads it.
 
-- Search-R1 `search_r1/llm_agent/generation.py` and MEM1 `Mem1/train/rollout/llm_agent/generation_think.py`:
-  every turn posts `{"queries", "topk", "return_scores": True}` for the samples that search (an empty
-  list when none does; a query is whatever stood between `<search>` tags, stripped: maybe ""), then
-  reads `["result"]` and each hit's `["document"]["contents"]`.
+- Search-R1 `search_r1/llm_agent/generation.py` and MEM1 `Mem1/train/rollout/llm_agent/generation_think.py`
+  (the same request and reading code; Search-R1 a14dc3a, MEM1 6f22061): every turn posts
+  `{"queries", "topk", "return_scores": True}` for all the samples of the batch that search, in one
+  request (an empty list when none does; a query is whatever stood between `<search>` tags,
+  stripped: maybe ""), then reads `["result"]` and each hit's `["document"]["contents"]`. Anything
+  but a 200 kills the rollout (`KeyError: 'result'`). Search-R1's `train_grpo.sh` runs 512 prompts
+  x 5 samples: 2,560 queries in one request.
 - verl 0.7.1 `verl/tools/utils/search_r1_like_utils.py`: the same body with JSON headers, retried on
   500-504, `raise_for_status()` on anything else, then `.get("result", [])`.
 - MemSearcher `memsearcher/inference/memsearcher.py`: posts the model's tool-call `arguments` as the
@@ -26,6 +29,11 @@ TOTO = "Jeff Porcaro drummer Toto"
 @pytest.fixture(scope="module")
 def url(retriever_server, bm25_index_dir):
     return retriever_server(bm25_index_dir, *NUMPY_BM25).url
+
+
+@pytest.fixture(scope="module")
+def questions(data_dir):
+    return [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
 
 
 def search_r1_turn(url: str, queries: list[str], topk: int = 3) -> list[str]:
@@ -73,6 +81,28 @@ def test_search_r1_and_mem1_turns_with_no_search_empty_and_stop_word_queries(url
     empty, stop_words, toto = search_r1_turn(url, ["", "the of a", TOTO])
     assert empty == "" and stop_words == ""
     assert toto.startswith('Doc 1(Title: "Jeff Porcaro") ') and toto.count("\nDoc ") == 2
+
+
+def paper_turn(questions: list[str], prompts: int, samples: int) -> list[str]:
+    """One turn of a GRPO batch: each of `prompts` questions sampled `samples` times, every sample
+    writing a query of its own (the question, reworded, cut short, or nothing between its tags)."""
+    rewordings = (str, str.lower, lambda q: f"{q} wikipedia", lambda q: " ".join(q.split()[:6]), lambda q: "")
+    return [rewordings[j % 5](questions[i % len(questions)]) for i in range(prompts) for j in range(samples)]
+
+
+@pytest.mark.parametrize(("prompts", "samples"), [(512, 5), (1024, 16)])
+def test_search_r1_and_mem1_turns_at_the_papers_batch_size(url, questions, prompts, samples):
+    """2,560 queries in one request (Search-R1's 512 x 5), and 16,384 (1,024 x 16): each answer is
+    the one its query gets in a small request."""
+    queries = paper_turn(questions, prompts, samples)
+    formatted = search_r1_turn(url, queries)
+    distinct = list(dict.fromkeys(queries))
+    alone = {}
+    for start in range(0, len(distinct), 256):
+        chunk = distinct[start : start + 256]
+        alone.update(zip(chunk, search_r1_turn(url, chunk), strict=True))
+    assert formatted == [alone[q] for q in queries]
+    assert sum(text.startswith("Doc 1(Title: ") for text in formatted) > 0.7 * len(queries)
 
 
 def test_verl_search_tool_gets_results_and_no_errors(url):

@@ -1,0 +1,105 @@
+"""Progress of an index build: its numbered phases and, within each, how much is done of the total.
+
+On a terminal each phase is a tqdm bar. In a log (stderr not a terminal: a batch job, `nohup`, CI)
+a bar would be a stream of carriage returns, so instead a plain line is written every `every_s`
+seconds and one as each phase ends: a build of 21M passages that runs for hours says where it is
+and how long is left. A phase whose work happens inside a library (bm25s's scoring, Lucene) counts
+nothing itself; its lines say how long it has been running.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+from collections.abc import Callable, Iterable, Iterator
+from typing import TextIO, TypeVar
+
+from tqdm import tqdm
+
+T = TypeVar("T")
+
+
+class BuildProgress:
+    """Reports the `phases` of one build, in order; `enabled` False reports nothing."""
+
+    def __init__(self, phases: list[str], *, enabled: bool = True, every_s: float = 10.0, stream: TextIO | None = None):
+        self.phases = phases
+        self.enabled = enabled
+        self.every_s = every_s
+        self.stream = stream or sys.stderr
+        self.on_terminal = enabled and self.stream.isatty()
+
+    @contextlib.contextmanager
+    def phase(self, name: str, total: int | None = None, unit: str = "passages") -> Iterator[Callable[[int], None]]:
+        """Within the block, call the yielded `update(n)` as `n` more units of `total` are done."""
+        label = f"[{self.phases.index(name) + 1}/{len(self.phases)}] {name}"
+        if not self.enabled:
+            yield lambda n: None
+        elif self.on_terminal:
+            with tqdm(total=total, desc=label, unit=f" {unit}", unit_scale=True, file=self.stream) as bar:
+                yield bar.update
+        else:
+            with _LogLines(self.stream, label, total, unit, self.every_s) as lines:
+                yield lines.update
+
+
+def counted(items: Iterable[T], update: Callable[[int], None]) -> Iterator[T]:
+    """`items`, counting each one as the consumer takes it (for a library that only iterates)."""
+    for item in items:
+        yield item
+        update(1)
+
+
+class _LogLines:
+    """A line now and then from a thread of its own (the work may sit in one long library call)."""
+
+    def __init__(self, stream: TextIO, label: str, total: int | None, unit: str, every_s: float):
+        self.stream, self.label, self.total, self.unit, self.every_s = stream, label, total, unit, every_s
+        self.done = 0
+        self._ended = threading.Event()
+        self._started = time.monotonic()
+
+    def update(self, count: int) -> None:
+        self.done += count
+
+    def __enter__(self) -> _LogLines:
+        threading.Thread(target=self._report, name="build-progress", daemon=True).start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._ended.set()
+        if exc_info[0] is None:
+            took = _duration(time.monotonic() - self._started)
+            self._write(f"done, {self._amount()} in {took}" if self.done else f"done in {took}")
+
+    def _report(self) -> None:
+        while not self._ended.wait(self.every_s):
+            elapsed = time.monotonic() - self._started
+            if not self.done:
+                self._write(f"running for {_duration(elapsed)}")
+            elif self.total and self.done >= self.total:  # all read; the library finishes its part
+                self._write(f"{self._amount()}, finishing ({_duration(elapsed)} so far)")
+            else:
+                rate = self.done / elapsed
+                line = f"{self._amount()}, " + (f"{rate / 1e6:,.1f} MB/s" if self.unit == "bytes" else f"{rate:,.0f}/s")
+                if self.total:
+                    left = (self.total - self.done) * elapsed / self.done
+                    line += f", {self.done / self.total:.1%}, about {_duration(left)} left"
+                self._write(line)
+
+    def _amount(self) -> str:
+        if self.unit == "bytes":
+            return f"{self.done / 1e6:,.1f} MB" + (f" of {self.total / 1e6:,.1f} MB" if self.total else "")
+        return f"{self.done:,}" + (f" of {self.total:,}" if self.total else "") + f" {self.unit}"
+
+    def _write(self, message: str) -> None:
+        print(f"build {self.label}: {message}", file=self.stream, flush=True)
+
+
+def _duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.1f} s"
+    minutes = int(seconds // 60)
+    return f"{minutes} min {int(seconds % 60)} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"

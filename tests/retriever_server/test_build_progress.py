@@ -1,0 +1,21 @@
+"""An index build in a log (stderr not a terminal) reports each phase in plain lines: how far it is
+every few seconds, and when it is done; no progress bars' carriage returns."""
+
+import subprocess
+import sys
+
+
+def test_a_build_logs_its_phases_and_progress_in_plain_lines(tmp_path, data_dir):
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join((data_dir / "corpus.jsonl").read_text(encoding="utf-8").splitlines(True)[:3000]))
+    command = [sys.executable, "-m", "retriever_server", "build", "--kind", "bm25", "--corpus", str(corpus),
+               "--out", str(tmp_path / "index"), "--progress-every-s", "0.05"]  # fmt: skip
+    result = subprocess.run(command, capture_output=True, text=True, check=True)
+    lines = result.stderr.splitlines()
+    assert "\r" not in result.stderr and all(line.startswith("build [") for line in lines), lines
+    done = [line for line in lines if ": done" in line]
+    assert [line.split(":")[0] for line in done] == ["build [1/3] corpus", "build [2/3] tokenize", "build [3/3] index"]
+    assert done[1].startswith("build [2/3] tokenize: done, 3,000 of 3,000 passages in ")
+    counting = [line for line in lines if line.startswith("build [2/3] tokenize: ") and "%, about " in line]
+    assert counting and all(" of 3,000 passages, " in line for line in counting), lines
+    assert result.stdout.startswith("built bm25 index of 3000 passages")

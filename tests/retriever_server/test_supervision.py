@@ -1,0 +1,102 @@
+"""A search process that dies (kill -9) is restarted; the queries it was searching are searched again
+on a live one, so no well-behaved client sees an error; /health says degraded meanwhile; the log
+has one line per death and per restart; a crash loop stops the server with its cause."""
+
+import asyncio
+import json
+import os
+import signal
+import time
+
+import httpx
+import pytest
+
+NUMPY_BM25 = ("--bm25-backend", "numpy")  # starts at once (numba compiles for tens of seconds)
+
+
+def wait_until(condition, timeout_s: float = 60.0, every_s: float = 0.02) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(every_s)
+
+
+def health(url: str) -> tuple[int, dict]:
+    response = httpx.get(f"{url}/health", timeout=10)
+    return response.status_code, response.json()
+
+
+def event_lines(server) -> list[str]:
+    log = server.log.read_text().splitlines()
+    assert not [line for line in log if "Traceback" in line or "never retrieved" in line], log
+    return [line for line in log if " died " in line or " restarted " in line]
+
+
+@pytest.fixture(scope="module")
+def questions(data_dir):
+    return [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
+
+
+def test_an_idle_search_process_killed_is_restarted(retriever_server, bm25_index_dir):
+    server = retriever_server(bm25_index_dir, *NUMPY_BM25)
+    toto = httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto band"]}).json()
+    (pid,) = server.search_pids()
+    os.kill(pid, signal.SIGKILL)
+    seen = []
+    wait_until(lambda: seen.append(health(server.url)) or seen[-1][1]["status"] != "ready", timeout_s=5)
+    assert seen[-1] == (503, {"status": "degraded", "kind": "bm25", "num_passages": 14230,
+                              "search_processes": 1, "search_processes_live": 0})  # fmt: skip
+    # sent while no search process is live: it waits for the restart
+    assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto band"]}, timeout=60).json() == toto
+    wait_until(lambda: health(server.url)[1]["status"] == "ready")
+    (restarted,) = server.search_pids()
+    assert restarted != pid and httpx.get(f"{server.url}/stats").json()["search_process_restarts"] == 1
+    died, back = event_lines(server)
+    assert f"search process 0 (pid {pid}) died (killed by SIGKILL)" in died and "0 of 1 live; restarting" in died
+    assert f"search process 0 restarted (pid {restarted})" in back and "1 of 1 live" in back
+
+
+async def test_a_search_process_killed_under_load_costs_no_request(retriever_server, bm25_index_dir, questions):
+    """One request of 3,600 queries keeps both search processes busy (no cache: all are searched);
+    one is killed mid-batch. Its batch is searched again by the other, the request and 48
+    single-query requests sent meanwhile all get 200 and the answers they get without a kill."""
+    server = retriever_server(bm25_index_dir, *NUMPY_BM25, "--search-processes", "2", "--cache-size", "0")
+    queries = [f"{q} {suffix}" for suffix in ("", "film", "band", "wikipedia", "born") for q in questions][:3600]
+    big = {"queries": queries, "topk": 3, "return_scores": True}
+    singles = [{"queries": [q], "topk": 3} for q in questions[:48]]
+    async with httpx.AsyncClient(base_url=server.url, timeout=300) as client:
+        expected = [(await client.post("/retrieve", json=body)).json() for body in [big, *singles]]
+        before = (await client.get("/stats")).json()
+        sent = [asyncio.create_task(client.post("/retrieve", json=big))]
+        while (await client.get("/stats")).json()["queries"] - before["queries"] < len(queries):
+            await asyncio.sleep(0.01)  # the big request is being searched
+        os.kill(server.search_pids()[0], signal.SIGKILL)
+        sent += [asyncio.create_task(client.post("/retrieve", json=body)) for body in singles]
+        statuses = []
+        while not all(task.done() for task in sent):
+            statuses.append((await client.get("/health")).json()["status"])
+            await asyncio.sleep(0.05)
+        answers = [task.result() for task in sent]
+        after = (await client.get("/stats")).json()
+    assert [answer.status_code for answer in answers] == [200] * len(answers)
+    assert [answer.json() for answer in answers] == expected
+    assert "degraded" in statuses
+    assert after["retried"] > 0 and after["failed"] == 0
+    wait_until(lambda: health(server.url)[1]["status"] == "ready")
+    assert [line.split(":  ")[1].split(" (pid")[0] for line in event_lines(server)] == [
+        "retriever_server: search process 0",
+        "retriever_server: search process 0 restarted",
+    ]
+
+
+def test_a_crash_loop_stops_the_server_with_its_cause(retriever_server, bm25_index_dir):
+    """A restarted process that dies again within --crash-window-s (10 s) of its restart."""
+    server = retriever_server(bm25_index_dir, *NUMPY_BM25)
+    os.kill(server.search_pids()[0], signal.SIGKILL)
+    wait_until(lambda: health(server.url)[1]["status"] == "ready")
+    (restarted,) = server.search_pids()
+    os.kill(restarted, signal.SIGKILL)
+    assert server.process.wait(timeout=60) == 1
+    (stopped,) = [line for line in server.log.read_text().splitlines() if "cannot serve" in line]
+    assert f"cannot serve {bm25_index_dir}: search process 0 (pid {restarted}) died again" in stopped
+    assert "after its restart (killed by SIGKILL): a crash loop" in stopped
