@@ -57,10 +57,12 @@ def test_recipe_trains_two_steps(agent, estimator, backend, recipe_cache, tmp_pa
     if backend == "vllm":
         require_vllm_cpu()
     env = {**os.environ, "WORK": str(tmp_path), "MEMAGENT_CPU_CACHE": str(recipe_cache)}
-    # validation after the last step
-    command = ["bash", str(RUN), agent, f"rollout_backend={backend}", "trainer.test_freq=2", *EXACT]
+    validate_last = "trainer.test_freq=2"
+    command = ["bash", str(RUN), agent, f"rollout_backend={backend}", validate_last, *EXACT]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
+    server = {"hf": "(HFServer pid=", "vllm": "(vLLMHttpServer pid="}[backend]
+    assert server in done.stdout + done.stderr  # the rollout ran in that backend's server actor
 
     assert (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     assert (tmp_path / "checkpoints" / "global_step_2" / "actor" / "huggingface" / "config.json").exists()

