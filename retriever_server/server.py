@@ -68,7 +68,8 @@ def serve(
             app.state.engine = SearchEngine(
                 searchers, depth=limits.topk_max, max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size
             )
-            print(f"retriever_server: ready ({app.state.index})", file=sys.stderr, flush=True)
+            # one write: print() writes the newline apart, and a log line from another thread can land between
+            print(f"retriever_server: ready ({app.state.index})\n", end="", file=sys.stderr, flush=True)
         except BaseException as exc:  # reported below, after the server has stopped
             stop(exc)
 

@@ -53,6 +53,20 @@ def retriever_server():
         process.stop()
 
 
+@pytest.fixture(scope="module")
+def transfer_queue():
+    """A real TransferQueue on a local Ray, as verl's V1 trainer uses it (Ray and TQ imported here only)."""
+    import ray
+    import transfer_queue as tq
+
+    # Ray counts CPUs as slots; TransferQueue's controller and storage units need more than 2
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    tq.init()
+    yield tq
+    tq.close()
+    ray.shutdown()
+
+
 @pytest.fixture(scope="session")
 def bm25_index_dir(tmp_path_factory, data_dir) -> Path:
     """A BM25 index of the bundled corpus built with the retriever's CLI (a few seconds)."""

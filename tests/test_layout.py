@@ -20,6 +20,7 @@ FORBIDDEN = {
     "verl_memagent": ("retriever_server", "memagent_examples", "tests", "benchmarks", "recipes"),
     "verl_memagent.reward": ("verl_memagent.agent", "verl_memagent.algo"),
     "verl_memagent.algo": ("verl_memagent.agent",),
+    "verl_memagent.trajectories": ("verl_memagent.agent", "verl_memagent.algo", "verl_memagent.eval"),
     "memagent_examples": ("tests", "benchmarks"),
     "retriever_server": ("verl", "verl_memagent", "memagent_examples", "tests", "benchmarks", "recipes"),
 }

@@ -32,6 +32,13 @@ def _eval(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _show(args: argparse.Namespace) -> int:
+    from verl_memagent.trajectories.report import show
+
+    print(show(args.paths, args.out, steps=args.steps, max_per_step=args.max_per_step))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="verl-memagent", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
@@ -58,6 +65,13 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="run agents over FlashRAG datasets: EM/F1/acc, trajectories, context plot")
     add_eval_arguments(evaluate)
     evaluate.set_defaults(func=_eval)
+
+    show = sub.add_parser("show", help="write one self-contained HTML page of trajectory records")
+    show.add_argument("paths", nargs="+", metavar="PATH", help="a run dir, a trajectories/ dir or a .jsonl file")
+    show.add_argument("--out", required=True, help="the HTML file to write")
+    show.add_argument("--steps", default="all", help="'all' (default) or a comma list of steps, 'first', 'last'")
+    show.add_argument("--max-per-step", type=int, metavar="N", help="the first N trajectories of each step")
+    show.set_defaults(func=_show)
     return parser
 
 

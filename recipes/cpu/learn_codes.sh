@@ -103,6 +103,8 @@ VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" python -m verl.tra
 TRAINER=$!
 tail -n +1 -F --pid="$TRAINER" "$WORK/metrics.jsonl" 2>/dev/null | python -m memagent_examples.learn_codes.reward_curve --follow
 wait "$TRAINER" || { tail -50 "$WORK/train.log" >&2; exit 1; }
+verl-memagent show "$WORK/checkpoints" --steps first,last --out "$WORK/trajectories.html" >/dev/null
+echo "trajectories of the first and last step: $WORK/trajectories.html"
 
 score_policy after_rl "$WORK/checkpoints/global_step_$(cat "$WORK/checkpoints/latest_checkpointed_iteration.txt")/actor/huggingface"
 python -m memagent_examples.learn_codes.reward_curve "$WORK/metrics.jsonl" --png "$WORK/reward_curve.png" "${EVALS[@]}"

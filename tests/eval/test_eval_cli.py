@@ -14,6 +14,7 @@ import torch
 from eval_helpers import AGENTS, DATASETS, QUESTIONS_PER_DATASET
 
 from verl_memagent.reward.scores import exact_match_score
+from verl_memagent.trajectories.files import read_records
 
 
 @pytest.fixture(scope="module")
@@ -111,3 +112,28 @@ def test_sampled_ids_are_the_models_greedy_continuation(in_process, tiny_model):
         with torch.no_grad():
             greedy = tiny_model.generate(prompt, max_new_tokens=len(generated), do_sample=False, eos_token_id=None)
         assert generated == greedy[0, prompt.shape[1] :].tolist()
+
+
+def test_every_trajectory_is_recorded_with_the_training_schema(in_process):
+    out, _, examples = in_process
+    records = read_records(out / "trajectories" / "eval.jsonl")
+    assert sorted((r.agent, r.data_source, r.row_id) for r in records) == sorted(
+        (e["agent"], e["dataset"], e["id"]) for e in examples
+    )
+    lines = {(e["agent"], e["dataset"], e["id"]): e for e in examples}
+    for record in records:
+        line = lines[(record.agent, record.data_source, record.row_id)]
+        assert (record.source, record.step, record.reward, record.reward_info) == (
+            "eval",
+            None,
+            line["scores"]["em"],
+            line["scores"],
+        )
+        assert (record.question, record.finish_reason, record.answer) == (
+            line["question"],
+            line["finish_reason"],
+            line["prediction"],
+        )
+        assert [turn.context_tokens for turn in record.turns] == line["turn_context_tokens"]
+        if record.agent == "memsearcher":  # one context per turn: the action's context is the context's prompt
+            assert [t.calls[0].context for t in record.turns] == [c["prompt_text"] for c in line["contexts"]]

@@ -116,10 +116,10 @@ class Mem1AgentLoop(SearchAgentLoop):
             question = released_question(question)
         messages = [{"role": "user", "content": self.prompts.render("user", question=question)}]
         base_ids = await self.ct_build_initial_tokens(messages)
-        prompt_ids, carried_state_tokens, history = base_ids, 0, list(base_ids)
+        prompt_ids, carried_state, carried_state_tokens, history = base_ids, "", 0, list(base_ids)
         max_turns, tags = self.settings.max_turns, self.tags
         for turn in range(max_turns):
-            context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens)
+            context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens, memory_before=carried_state)
             trajectory.contexts.append(context)
             generation = await self.generate(context, sampling_params)
             if generation is None:
@@ -133,6 +133,8 @@ class Mem1AgentLoop(SearchAgentLoop):
             context.memory_written = state is not None
             state, carried_state_tokens, truncated = self.truncate(state or "", self.settings.memory_max_tokens)
             context.memory_truncated = truncated
+            context.memory = state if context.memory_written else None
+            carried_state = state
             if truncated and self.settings.memory_overflow != "truncate":
                 return trajectory.finish("memory_overflow", penalised=self.settings.memory_overflow == "penalty")
             if action.kind == "answer":

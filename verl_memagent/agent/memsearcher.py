@@ -246,7 +246,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         memory, memory_tokens = "", 0
         for turn in range(max_turns):
             prompt_ids = await self.turn_prompt_ids(question, memory, turn)
-            context = Context(prompt_ids=prompt_ids, memory_tokens=memory_tokens)
+            context = Context(prompt_ids=prompt_ids, memory_tokens=memory_tokens, memory_before=memory)
             trajectory.contexts.append(context)
 
             action_gen = await self.generate(context, sampling_params)
@@ -274,6 +274,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
                 return trajectory.finish("no_memory")
             context.memory_written = True
             memory, memory_tokens, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
+            context.memory = memory
             overflow_mode = self.settings.memory_overflow
             if (memory_gen.finish == "length" or not closed or truncated) and overflow_mode != "truncate":
                 # `end`: the released code stops a trajectory whose rewrite ran out of tokens or is too long

@@ -25,6 +25,7 @@ from verl.utils.tokenizer.chat_template import initialize_turn_separator
 from verl_memagent.agent.parsing import Action
 from verl_memagent.agent.settings import AgentSettings, ByValue, parsed_settings
 from verl_memagent.search import Document, RetrieverClient, RetrieverError, format_documents
+from verl_memagent.trajectories.schema import CallSpan, PassageRef, SearchLog, TurnLog
 
 logger = logging.getLogger(__name__)
 
@@ -114,6 +115,11 @@ class Context:
     generate_s: float = 0.0
     search_s: float = 0.0
     server_fields: dict[str, Any] = field(default_factory=dict)
+    # what the turns did, for trajectory records (`turn_log` in the outputs)
+    calls: list[CallSpan] = field(default_factory=list)
+    search_log: list[tuple[int, SearchLog]] = field(default_factory=list)  # (calls made before it, search)
+    memory_before: str | None = None  # the memory (MEM1: state) this context holds; None: the agent has none
+    memory: str | None = None  # the memory (state) written in this context, after its cap
 
     @property
     def token_ids(self) -> list[int]:
@@ -145,6 +151,7 @@ class Trajectory:
     """The contexts of one run() call and how the run ended."""
 
     id: str = field(default_factory=lambda: uuid.uuid4().hex)
+    question: str = ""
     contexts: list[Context] = field(default_factory=list)
     finish_reason: str = ""
     penalised: bool = False
@@ -202,10 +209,10 @@ class SearchAgentLoop(AgentLoopBase):
     # ---- verl entry point -------------------------------------------------------------------------
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput] | AgentLoopOutput:
-        trajectory = Trajectory()
+        trajectory = Trajectory(question=question_of(kwargs))
         self._request_id = trajectory.id
         self._priority = int(kwargs.get("priority", 0))
-        await self.rollout(trajectory, question_of(kwargs), dict(sampling_params))
+        await self.rollout(trajectory, trajectory.question, dict(sampling_params))
         outputs = self.outputs(trajectory)
         return outputs if self.one_output_per_context else outputs[0]
 
@@ -304,13 +311,16 @@ class SearchAgentLoop(AgentLoopBase):
             finish = "length" if len(ids) >= budget else "eos"
         log_probs = list(output.log_probs) if output.log_probs is not None else None
         generation = Generation(ids, log_probs, text, finish)
+        start = context.length
         context.add_generated(generation)
+        context.calls.append(CallSpan(start=start, end=context.length, finish=finish))
         return generation
 
     async def search(self, context: Context, query: str) -> str:
         """The formatted documents for `query`, cut to the observation cap if any; a failure is an observation."""
         start = time.perf_counter()
         context.searches += 1
+        documents: list[Document] = []
         try:
             documents = (await self.retriever.search([query], self.settings.topk))[0]
             text = self.format_documents(documents)
@@ -320,6 +330,9 @@ class SearchAgentLoop(AgentLoopBase):
             text = SEARCH_FAILED
         finally:
             context.search_s += time.perf_counter() - start
+        passages = [PassageRef(id=doc.id, title=doc.title) for doc in documents]
+        search = SearchLog(query=query, passages=passages, failed=text == SEARCH_FAILED)
+        context.search_log.append((len(context.calls), search))
         cap = self.documents_cap
         return text if cap is None else self.truncate(text, cap)[0]
 
@@ -390,6 +403,9 @@ class SearchAgentLoop(AgentLoopBase):
                 "retriever_errors": context.retriever_errors,
                 "turn_scores": [],
                 "tool_rewards": [],
+                # the question and each turn's calls, search and memory: trajectory records read these
+                "question": trajectory.question,
+                "turn_log": self.turn_log(context),
             }
             metrics = AgentLoopMetrics(generate_sequences=context.generate_s, tool_calls=context.search_s)
             outputs.append(
@@ -404,6 +420,23 @@ class SearchAgentLoop(AgentLoopBase):
                 )
             )
         return outputs
+
+    def turn_log(self, context: Context) -> list[TurnLog]:
+        """The turns of one context: one holding all its calls (memsearcher, mem1), or one per call (react);
+        a search belongs to the turn of the call before it, the memory to the context's last turn."""
+        calls = context.calls
+        groups = [list(range(len(calls)))] if self.one_output_per_context else [[i] for i in range(len(calls))]
+        groups = groups or [[]]  # no call at all: the context had no room left
+        searches = {made - 1: search for made, search in context.search_log}
+        return [
+            TurnLog(
+                calls=[calls[i] for i in members],
+                search=next((searches[i] for i in members if i in searches), None),
+                memory_before=context.memory_before,
+                memory=context.memory if number == len(groups) - 1 else None,
+            )
+            for number, members in enumerate(groups)
+        ]
 
 
 def question_of(kwargs: dict[str, Any]) -> str:

@@ -12,7 +12,8 @@ The update steps keep the number of optimizer steps per training step fixed by c
 (`ppo_mini_batch_size * rollout.n`), so trajectories with K turns would make K times the steps.
 
 `AgentMetricsMixin` adds what the agent did (searches, finish reasons, memory, ...) to verl's metrics
-of every training step and validation.
+of every training step and validation; `TrajectoryRecordsMixin` writes a sample of whole trajectories
+(`verl_memagent.algo.trajectory_records`).
 """
 
 from __future__ import annotations
@@ -20,7 +21,7 @@ from __future__ import annotations
 import copy
 import logging
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import cached_property
@@ -34,10 +35,12 @@ from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
 from verl.trainer.ppo.v1.trainer_separate_async import PPOTrainerSeparateAsync
 from verl.trainer.ppo.v1.trainer_sync import PPOTrainerSync
+from verl.utils.debug import marked_timer
 
 from verl_memagent.algo.agent_metrics import agent_metrics, agent_metrics_by_source
 from verl_memagent.algo.config import GAE, GRPO, MultiContextConfig
 from verl_memagent.algo.estimators import TrajectoryLayout, rows_off_their_trajectory
+from verl_memagent.algo.trajectory_records import TrajectoryRecorder
 from verl_memagent.algo.update_plan import (
     UpdatePlan,
     describe,
@@ -318,39 +321,80 @@ class AgentMetricsMixin:
             metrics.update(agent_metrics(list(data["extra_fields"])))
 
     def _validate(self) -> dict[str, float]:
-        """verl's validation; each validation batch's fields are read as the replay buffer hands it out."""
         fields: list[dict] = []
         sources: list[str] = []
-        sample = self.replay_buffer.sample
 
-        def sample_and_read(*args, **kwargs):
-            batch, sample_metrics = sample(*args, **kwargs)
-            if batch.keys:
-                data = tq.kv_batch_get(
-                    keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "data_source"]
-                )
-                fields.extend(data["extra_fields"])
-                sources.extend(data["data_source"])
-            return batch, sample_metrics
+        def read(batch: KVBatchMeta) -> None:
+            data = tq.kv_batch_get(
+                keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "data_source"]
+            )
+            fields.extend(data["extra_fields"])
+            sources.extend(data["data_source"])
 
-        self.replay_buffer.sample = sample_and_read
-        try:
+        with reading_validation_batches(self, read):
             val_metrics = super()._validate()
-        finally:
-            del self.replay_buffer.sample
         return {**val_metrics, **agent_metrics_by_source(fields, sources)}
 
 
+class TrajectoryRecordsMixin:
+    """Writes a sample of whole trajectories after every training step and validation, to
+    `<trainer.default_local_dir>/trajectories/` and the run's wandb (`trainer.trajectories`)."""
+
+    @cached_property
+    def trajectory_recorder(self) -> TrajectoryRecorder:
+        return TrajectoryRecorder.from_trainer_config(self.config, self.tokenizer)
+
+    def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):
+        with marked_timer("trajectory_records", timing_raw):  # reported as timing_s/trajectory_records
+            self.trajectory_recorder.training_step(batch, global_steps)
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+
+    def _validate(self) -> dict[str, float]:
+        sample = self.trajectory_recorder.validation(self.global_steps)
+        with reading_validation_batches(self, sample.add):
+            val_metrics = super()._validate()
+        sample.write()
+        return val_metrics
+
+
+@contextmanager
+def reading_validation_batches(trainer, read: Callable[[KVBatchMeta], None]) -> Iterator[None]:
+    """While the block runs (verl's `_validate`), `read(batch)` sees each validation batch as the replay
+    buffer hands it out, with its rewards, before verl clears it. Nests: each restores what it replaced."""
+    buffer = trainer.replay_buffer
+    replaced = vars(buffer).get("sample")
+    sample = buffer.sample
+
+    def sample_and_read(*args, **kwargs):
+        batch, sample_metrics = sample(*args, **kwargs)
+        if batch.keys:
+            read(batch)
+        return batch, sample_metrics
+
+    buffer.sample = sample_and_read
+    try:
+        yield
+    finally:
+        if replaced is None:
+            del buffer.sample
+        else:
+            buffer.sample = replaced
+
+
 @register_trainer("memagent_sync")
-class MultiContextTrainerSync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync):
+class MultiContextTrainerSync(TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync):
     base_mode = "sync"
 
 
 @register_trainer("memagent_colocate_async")
-class MultiContextTrainerColocateAsync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync):
+class MultiContextTrainerColocateAsync(
+    TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync
+):
     base_mode = "colocate_async"
 
 
 @register_trainer("memagent_separate_async")
-class MultiContextTrainerSeparateAsync(AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync):
+class MultiContextTrainerSeparateAsync(
+    TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync
+):
     base_mode = "separate_async"

@@ -27,6 +27,8 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 from verl_memagent.agent.turns import question_of
 from verl_memagent.reward import f1_score, gold_answers, normalize_answer, split_objectives
 from verl_memagent.reward.scores import exact_match_score, final_answer, multi_objective_em
+from verl_memagent.trajectories.build import ContextSample, build_record
+from verl_memagent.trajectories.schema import TrajectoryRecord
 
 
 def contains_answer(prediction: str | None, golds: list[str]) -> float:
@@ -135,3 +137,23 @@ def example_record(
         "turn_context_tokens": turn_context_tokens(outputs, one_output_per_context),
         "contexts": contexts,
     }
+
+
+def trajectory_record(
+    example: dict[str, Any], outputs: AgentLoopOutput | list[AgentLoopOutput], tokenizer
+) -> TrajectoryRecord:
+    """The task's trajectory record (docs/trajectories.md), the same schema as training's: its data source
+    is the dataset's name, its reward the EM score, `reward_info` all the scores."""
+    outputs = outputs if isinstance(outputs, list) else [outputs]
+    contexts = [ContextSample(o.prompt_ids, o.response_ids, o.extra_fields) for o in outputs]
+    return build_record(
+        contexts,
+        tokenizer,
+        source="eval",
+        step=None,
+        data_source=example["dataset"],
+        golden_answers=example["golden_answers"],
+        reward=example["scores"]["em"],
+        reward_info=example["scores"],
+        row_id=example["id"],
+    )

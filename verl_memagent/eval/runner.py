@@ -7,7 +7,8 @@ with the row's kwargs; the loop talks to a `generate()` backend (the in-process 
 run concurrently, at most `concurrency` at a time.
 
 Writes to the output directory: `examples.jsonl` (one line per agent and task, in completion
-order), `summary.json` (scores per agent and dataset, context tokens per turn) and `context_tokens.png`.
+order), `summary.json` (scores per agent and dataset, context tokens per turn), `context_tokens.png`
+and `trajectories/eval.jsonl` (every trajectory as a record, the schema training writes: docs/trajectories.md).
 """
 
 from __future__ import annotations
@@ -22,10 +23,11 @@ import httpx
 
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop
 from verl_memagent.eval.plot import plot_context_tokens
-from verl_memagent.eval.records import example_record
+from verl_memagent.eval.records import example_record, trajectory_record
 from verl_memagent.eval.report import summarise
 from verl_memagent.eval.tasks import worker_kwargs
 from verl_memagent.progress import progress
+from verl_memagent.trajectories.files import TRAJECTORIES_DIR, records_path, write_records
 
 EXAMPLES_FILE, SUMMARY_FILE, PLOT_FILE = "examples.jsonl", "summary.json", "context_tokens.png"
 
@@ -83,22 +85,25 @@ async def evaluate(
     out_dir.mkdir(parents=True, exist_ok=True)
     slots = asyncio.Semaphore(concurrency)
 
-    async def run_one(agent: str, dataset: str, row: dict[str, Any]) -> dict[str, Any]:
+    async def run_one(agent: str, dataset: str, row: dict[str, Any]):
         async with slots:
             kwargs = worker_kwargs(row, agent)
             outputs = await build(agent).run(dict(sampling_params), **kwargs)
-            return example_record(agent, dataset, kwargs, outputs, tokenizer)
+            example = example_record(agent, dataset, kwargs, outputs, tokenizer)
+            return example, trajectory_record(example, outputs, tokenizer)
 
     jobs = [run_one(agent, dataset, row) for agent in agents for dataset, rows in datasets.items() for row in rows]
     start = time.perf_counter()
-    records = []
+    records, trajectories = [], []
     with (out_dir / EXAMPLES_FILE).open("w", encoding="utf-8") as lines, progress(len(jobs), "eval", "tasks") as bar:
         for job in asyncio.as_completed(jobs):
-            record = await job
+            record, trajectory = await job
             lines.write(json.dumps(record) + "\n")
             lines.flush()
             records.append(record)
+            trajectories.append(trajectory)
             bar.update()
+    write_records(records_path(out_dir / TRAJECTORIES_DIR, "eval"), trajectories)
     summary = {
         "run": run_info or {},
         "agents": summarise(records),
