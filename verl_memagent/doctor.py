@@ -66,6 +66,12 @@ class Report:
     def fail(self, reason: str) -> None:
         self.failures.append(reason)
 
+    def raised(self, label: str, reason: str) -> None:
+        """Inside an `except`: `label` FAILED, the traceback, and `reason` as a failure."""
+        self.add(label, "FAILED")
+        self.lines.append(traceback.format_exc())
+        self.fail(reason)
+
 
 def check_packages(report: Report) -> None:
     report.add("python", platform.python_version())
@@ -84,18 +90,14 @@ def check_plugin(report: Report, module: str = PLUGIN_MODULE) -> None:
     try:
         import verl  # noqa: F401  (runs verl's entry-point discovery)
     except Exception:
-        report.add("verl import", "FAILED")
-        report.lines.append(traceback.format_exc())
-        report.fail("`import verl` fails: see the traceback above")
+        report.raised("verl import", "`import verl` fails: see the traceback above")
         return
     loaded_by_verl = module in sys.modules
     report.add("loaded by verl discovery", "yes" if loaded_by_verl else "no")
     try:
         plugin = importlib.import_module(module)
     except Exception:
-        report.add("plugin import", "FAILED")
-        report.lines.append(traceback.format_exc())
-        report.fail(f"the plugin {module} fails to import: see the traceback above")
+        report.raised("plugin import", f"the plugin {module} fails to import: see the traceback above")
         return
     if not loaded_by_verl:
         report.fail(
@@ -128,9 +130,7 @@ def check_cpu_path(report: Report) -> None:
 
         problems = cpu_path_problems()
     except Exception:
-        report.add("cpu path", "FAILED")
-        report.lines.append(traceback.format_exc())
-        report.fail("checking the CPU path raised: see the traceback above")
+        report.raised("cpu path", "checking the CPU path raised: see the traceback above")
         return
     report.add("cpu path", "usable" if not problems else "NOT usable: " + "; ".join(problems))
     report.add("cpu path selected", "yes (VERL_PLATFORM=cpu)" if cpu_platform_requested() else "no")
@@ -164,9 +164,7 @@ def check_vllm(report: Report) -> None:
 
         report.add("vllm platform", current_platform.device_type)
     except Exception:
-        report.add("vllm platform", "FAILED")
-        report.lines.append(traceback.format_exc())
-        report.fail("vLLM fails to resolve its platform: see the traceback above")
+        report.raised("vllm platform", "vLLM fails to resolve its platform: see the traceback above")
         return
     if cpu_build is None:
         return
@@ -190,9 +188,7 @@ def check_verl_sees_vllm(report: Report) -> None:
     try:
         from verl.third_party.vllm import vllm_version
     except Exception:
-        report.add("vllm version for verl", "FAILED")
-        report.lines.append(traceback.format_exc())
-        report.fail("verl cannot find its vLLM version: see the traceback above")
+        report.raised("vllm version for verl", "verl cannot find its vLLM version: see the traceback above")
         return
     report.add("vllm version for verl", str(vllm_version))
 

