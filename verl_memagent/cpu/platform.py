@@ -18,7 +18,9 @@ import psutil
 import torch
 from verl.plugin.platform.platform_base import PlatformBase
 
-NAME = "cpu"
+from verl_memagent.cpu import PLATFORM
+
+NAME = PLATFORM
 
 
 def _rss() -> int:

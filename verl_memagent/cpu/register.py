@@ -11,11 +11,9 @@ stops at once (unknown platform) after the logged reason, instead of running hal
 
 from __future__ import annotations
 
-import os
-
 from verl.plugin.platform.platform_manager import PlatformRegistry
 
-from verl_memagent.cpu import patches, platform
+from verl_memagent.cpu import cpu_platform_requested, patches, platform
 from verl_memagent.import_hooks import when_imported
 
 HF_SERVER_ADAPTER = "verl_memagent.cpu.hf_rollout.HFServerAdapter"
@@ -35,10 +33,6 @@ def _register_server_adapter(base_module) -> None:
     # verl has no register function for the adapter a training worker builds from `rollout.name`:
     # `get_rollout_class` reads the module dict `_ROLLOUT_REGISTRY` (workers/rollout/base.py:89).
     base_module._ROLLOUT_REGISTRY[("hf", "async")] = HF_SERVER_ADAPTER
-
-
-def cpu_platform_requested() -> bool:
-    return os.environ.get("VERL_PLATFORM", "").strip().lower() == platform.NAME
 
 
 if cpu_platform_requested():
