@@ -50,6 +50,7 @@ def recipe_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("recipes_cpu_cache")
 
 
+@pytest.mark.timeout(1800)  # a vLLM engine's start took 9 minutes on a loaded 2-core machine
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
 @pytest.mark.parametrize(
     ("agent", "estimator"),
@@ -61,7 +62,7 @@ def test_recipe_trains_two_steps(agent, estimator, backend, recipe_cache, tmp_pa
     env = {**os.environ, "WORK": str(tmp_path), "MEMAGENT_CPU_CACHE": str(recipe_cache)}
     validate_last = "trainer.test_freq=2"
     command = ["bash", str(RUN), agent, f"rollout_backend={backend}", validate_last, *EXACT]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=900)
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1700)
     assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
     server = {"hf": "(HFServer pid=", "vllm": "(vLLMHttpServer pid="}[backend]
     assert server in done.stdout + done.stderr  # the rollout ran in that backend's server actor
