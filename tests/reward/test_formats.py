@@ -1,4 +1,4 @@
-"""MemSearcher's answer-format verdicts on hand-made turns; tests/reward/test_released_rewards.py checks
+"""MemSearcher's answer-format verdicts on hand-made turns; tests/agent/test_released_rewards.py checks
 the released rule against the released reward itself."""
 
 import pytest
