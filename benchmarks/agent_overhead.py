@@ -63,8 +63,8 @@ from benchmarks.context_tokens import (  # noqa: E402
 )
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_trainer_config  # noqa: E402
-from verl_memagent.agent.memsearcher import search_tool_schema  # noqa: E402
 from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
+from verl_memagent.agent.tool_calls import search_tool_schema  # noqa: E402
 from verl_memagent.search import RetrieverClient, format_documents  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")

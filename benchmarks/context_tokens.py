@@ -38,8 +38,8 @@ from retriever_process import ServerProcess, serve_command  # noqa: E402
 
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
-from verl_memagent.agent.memsearcher import ToolCallAgentLoop  # noqa: E402
 from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
+from verl_memagent.agent.tool_calls import ToolCallAgentLoop  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
 MAX_TURNS = 10

@@ -1,5 +1,5 @@
 """One answer grammar: with the default tags, what a loop records for its final output (the answer and
-format verdict of its rules, `memsearcher.ToolCallAgentLoop.outputs`, `turns.outputs`) is scored exactly
+format verdict of its rules, `tool_calls.ToolCallAgentLoop.outputs`, `turns.outputs`) is scored exactly
 as the rewards' fallback parser scores the same text without a record (plain completions). Renamed
 tags: see test_verl_reward_path."""
 

@@ -15,7 +15,7 @@ ANSWER = "<think>The memory says it.</think>\n\\boxed{Leda}<|im_end|>"
 
 
 def render(tokenizer, messages, **kwargs):
-    from verl_memagent.agent.memsearcher import search_tool_schema
+    from verl_memagent.agent.tool_calls import search_tool_schema
 
     tools = [search_tool_schema("wikipedia_search")]
     return tokenizer.apply_chat_template(messages, tools=tools, tokenize=False, **kwargs)

@@ -134,11 +134,11 @@ async def test_react_is_memsearchers_format_with_the_whole_history(run_released,
 
 
 async def released_documents_of(retriever_url, agent: str, query: str, topk: int) -> str:
-    from verl_memagent.agent import mem1, memsearcher
+    from verl_memagent.agent import mem1, tool_calls
     from verl_memagent.search import RetrieverClient
 
     documents = (await RetrieverClient(retriever_url).search([query], topk))[0]
-    return (mem1 if agent == "mem1" else memsearcher).released_documents(documents)
+    return (mem1 if agent == "mem1" else tool_calls).released_documents(documents)
 
 
 @pytest.mark.parametrize("agent", ["memsearcher", "react"])

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_memagent.agent.parsing import parse_tag_action
-from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, Trajectory
+from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, ToolCall, Trajectory
 from verl_memagent.data.compose import TASK_PREFIX
 from verl_memagent.reward.answers import extract_tag
 from verl_memagent.search import Document
@@ -111,6 +111,40 @@ class Mem1AgentLoop(SearchAgentLoop):
                 return text.removesuffix(stop).strip() + stop
         return text.strip()
 
+    def calls_to_run(
+        self, trajectory: Trajectory, context: Context, generation: Generation, last_turn: bool
+    ) -> list[ToolCall]:
+        """The turn's search, after recording the state written before it (cut to `memory_max_tokens`).
+        An invalid action, a missing state (`require_state`), a state over the cap (unless `truncate`),
+        an answer or a search in the last turn ends the trajectory instead."""
+        action = parse_tag_action(generation.text, self.tags["search"], self.tags["answer"])
+        if action.kind == "invalid":
+            trajectory.finish(action.reason)
+            return []
+        state, reason = self.state_of(generation.text)
+        if state is None and self.settings.require_state:
+            trajectory.finish(reason)
+            return []
+        context.memory_written = state is not None
+        state, _, context.memory_truncated = self.truncate(state or "", self.settings.memory_max_tokens)
+        context.memory = state if context.memory_written else None
+        if context.memory_truncated and self.settings.memory_overflow != "truncate":
+            trajectory.finish("memory_overflow", penalised=self.settings.memory_overflow == "penalty")
+        elif action.kind == "answer":
+            trajectory.finish("answer", answer=action)
+        elif last_turn:
+            trajectory.finish("max_turns")
+        else:
+            return [ToolCall(text=action.query, query=action.query)]
+        return []
+
+    def carried_state(self, context: Context) -> tuple[str, int]:
+        """The state the next context carries (empty when none was written) and its tokens, as
+        `truncate` counted them: the cap when the state was cut."""
+        state = context.memory or ""
+        tokens = self.settings.memory_max_tokens if context.memory_truncated else len(self.encode(state))
+        return state, tokens
+
     async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
         if self.style != "ours":
             question = released_question(question)
@@ -121,38 +155,20 @@ class Mem1AgentLoop(SearchAgentLoop):
         for turn in range(max_turns):
             context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens, memory_before=carried_state)
             trajectory.contexts.append(context)
-            generation = await self.generate(context, sampling_params)
-            if generation is None:
-                return trajectory.finish("context_limit")
-            action = parse_tag_action(generation.text, tags["search"], tags["answer"])
-            if action.kind == "invalid":
-                return trajectory.finish(action.reason)
-            state, reason = self.state_of(generation.text)
-            if state is None and self.settings.require_state:
-                return trajectory.finish(reason)
-            context.memory_written = state is not None
-            state, carried_state_tokens, truncated = self.truncate(state or "", self.settings.memory_max_tokens)
-            context.memory_truncated = truncated
-            context.memory = state if context.memory_written else None
-            carried_state = state
-            if truncated and self.settings.memory_overflow != "truncate":
-                return trajectory.finish("memory_overflow", penalised=self.settings.memory_overflow == "penalty")
-            if action.kind == "answer":
-                return trajectory.finish("answer", answer=action)
-            if turn == max_turns - 1:
-                return trajectory.finish("max_turns")
-
-            documents = await self.search(context, action.query)
+            step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
+            if step is None:
+                return None
+            generation, (call,), (documents,) = step
+            carried_state, carried_state_tokens = self.carried_state(context)
             observation = self.prompts.render(
                 "observation", documents=documents, turns_left=max_turns - turn - 1, last_turn=turn + 2 == max_turns
             )
             if self.style == "released_eval":  # the client sent the conversation as one text
                 prompt_ids = self.encode(self.chat_text(messages) + self.eval_text(generation) + observation)
                 continue
-            if truncated:  # the next prompt holds the cut state, encoded; the sample keeps what was sampled
-                kept = self.encode(
-                    f"<{tags['state']}>{state}</{tags['state']}>\n<{tags['search']}>{action.query}</{tags['search']}>"
-                )
+            if context.memory_truncated:  # the next prompt holds the cut state, encoded; the sample keeps the sampled
+                state = f"<{tags['state']}>{carried_state}</{tags['state']}>"
+                kept = self.encode(f"{state}\n<{tags['search']}>{call.query}</{tags['search']}>")
             else:
                 kept = self.kept_ids(generation)
             observation_ids = self.observation_ids(observation)

@@ -15,9 +15,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_memagent.agent.memsearcher import ToolCall, ToolCallAgentLoop
 from verl_memagent.agent.parsing import Action, parse_tag_action
-from verl_memagent.agent.turns import Context, Trajectory
+from verl_memagent.agent.tool_calls import ToolCallAgentLoop
+from verl_memagent.agent.turns import Context, ToolCall, Trajectory
 
 
 class ReactAgentLoop(ToolCallAgentLoop):
@@ -52,13 +52,10 @@ class ReactAgentLoop(ToolCallAgentLoop):
         trajectory.contexts.append(context)
         max_turns = self.settings.max_turns
         for turn in range(max_turns):
-            generation = await self.generate(context, sampling_params)
-            if generation is None:
-                return trajectory.finish("context_limit")
-            calls = self.calls_to_run(trajectory, generation, last_turn=turn == max_turns - 1)
-            if not calls:
+            step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
+            if step is None:
                 return None
-            results = await self.call_results(context, calls)
+            generation, calls, results = step
             if not await self.add_tool_response(context, generation.text, calls, results, turn + 2 == max_turns):
                 return trajectory.finish("context_limit")
         return trajectory.finish("max_turns")

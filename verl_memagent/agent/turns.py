@@ -146,6 +146,16 @@ class Context:
             self.response_logprobs += [0.0] * len(token_ids)
 
 
+@dataclass(frozen=True)
+class ToolCall:
+    """One call a turn runs: its text between the tags (the released tool response repeats it) and
+    the query it searches, or, when it cannot search, the text the model gets instead."""
+
+    text: str
+    query: str | None
+    error: str = ""
+
+
 @dataclass
 class Trajectory:
     """The contexts of one run() call and how the run ended."""
@@ -315,6 +325,29 @@ class SearchAgentLoop(AgentLoopBase):
         context.add_generated(generation)
         context.calls.append(CallSpan(start=start, end=context.length, finish=finish))
         return generation
+
+    async def act(
+        self, trajectory: Trajectory, context: Context, sampling_params: dict[str, Any], last_turn: bool
+    ) -> tuple[Generation, list[ToolCall], list[str]] | None:
+        """The step every agent's turn takes: generate the action, let `calls_to_run` decide what the turn
+        runs (ending the trajectory where it ends here) and run it. Returns the generation, the calls
+        and each call's result (documents, or the text a call that cannot search shows); None when the
+        trajectory ended at this turn (`context_limit` when the context had no room to generate)."""
+        generation = await self.generate(context, sampling_params)
+        if generation is None:
+            trajectory.finish("context_limit")
+            return None
+        calls = self.calls_to_run(trajectory, context, generation, last_turn)
+        if not calls:
+            return None
+        results = [await self.search(context, call.query) if call.query is not None else call.error for call in calls]
+        return generation, calls, results
+
+    def calls_to_run(
+        self, trajectory: Trajectory, context: Context, generation: Generation, last_turn: bool
+    ) -> list[ToolCall]:
+        """What a turn's generation runs; none (after `trajectory.finish`) when the trajectory ends here."""
+        raise NotImplementedError
 
     async def search(self, context: Context, query: str) -> str:
         """The formatted documents for `query`, cut to the observation cap if any; a failure is an observation."""
