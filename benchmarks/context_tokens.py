@@ -40,6 +40,7 @@ from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
 from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
 from verl_memagent.agent.tool_calls import ToolCallAgentLoop  # noqa: E402
+from verl_memagent.output_fields import OutputField  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
 MAX_TURNS = 10
@@ -144,9 +145,9 @@ def queries_of(question: dict, turns: int) -> list[str]:
 def check_trajectory(agent: str, outputs: list, policy: ScriptedPolicy, turns: int) -> None:
     """The scripted trajectory played out: every text used, `turns` turns, a well-formed answer."""
     final = outputs[-1].extra_fields
-    played = final["turns"] if agent == "react" else len(outputs)
-    errors = sum(o.extra_fields["retriever_errors"] for o in outputs)
-    if (final["finish_reason"], final["final_format_ok"], len(policy.calls), played, errors) != (
+    played = final[OutputField.TURNS] if agent == "react" else len(outputs)
+    errors = sum(o.extra_fields[OutputField.RETRIEVER_ERRORS] for o in outputs)
+    if (final[OutputField.FINISH_REASON], final[OutputField.FINAL_FORMAT_OK], len(policy.calls), played, errors) != (
         "answer",
         True,
         len(policy.texts),

@@ -59,6 +59,7 @@ from verl_memagent.agent import verl_trainer_config  # noqa: E402
 from verl_memagent.algo.agent_metrics import agent_metrics  # noqa: E402
 from verl_memagent.algo.trainer import MultiContextTrainerSync  # noqa: E402
 from verl_memagent.algo.trajectory_records import TrajectoryRecorder, TrajectoryRecordsConfig  # noqa: E402
+from verl_memagent.output_fields import OutputField  # noqa: E402
 from verl_memagent.trajectories.files import read_records, records_path, write_records  # noqa: E402
 
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
@@ -95,7 +96,7 @@ async def fill_batch(played, questions: int, rollouts: int) -> list[dict]:
             outputs = copy.deepcopy(outputs)
             trajectory_id = uuid.uuid4().hex
             for output in outputs:
-                output.extra_fields["trajectory_id"] = trajectory_id
+                output.extra_fields[OutputField.TRAJECTORY_ID] = trajectory_id
             outputs[-1].reward_score = float((q + session) % 3) / 2
             outputs[-1].extra_fields["reward_extra_info"] = {"f1": outputs[-1].reward_score}
             row = {

@@ -56,3 +56,19 @@ async def test_mem1_out_of_turns(run_agent, tokenizer):
     outputs = await run_agent("mem1", ScriptedPolicy(tokenizer, MEM1_TURNS[:2]), max_turns=2)
     metrics = agent_metrics(fields_of(outputs))
     assert metrics["agent/finish/out_of_turns"] == 1.0 and metrics["agent/searches/mean"] == 1
+
+
+async def test_every_output_carries_exactly_the_written_contract(run_agent, run_ours, tokenizer):
+    """`output_fields.OUTPUT_FIELDS` is what the loops write: no reader's name is missing, none unlisted
+    (besides the weight versions verl's server adds)."""
+    from verl_memagent.output_fields import OUTPUT_FIELDS
+
+    runs = [
+        await run_agent("memsearcher", ScriptedPolicy(tokenizer, [SEARCH, MEMORY, "\\boxed{Leda}<|im_end|>"]), topk=2),
+        await run_agent("mem1", ScriptedPolicy(tokenizer, MEM1_TURNS), max_turns=4),
+        await run_ours("react", ScriptedPolicy(tokenizer, REACT_TURNS), max_turns=3, topk=1),
+    ]
+    server_fields = {"min_global_steps", "max_global_steps"}
+    for outputs in runs:
+        for fields in fields_of(outputs):
+            assert set(OUTPUT_FIELDS) <= set(fields) and set(fields) - set(OUTPUT_FIELDS) <= server_fields

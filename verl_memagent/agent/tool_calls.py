@@ -12,6 +12,7 @@ from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from verl_memagent.agent.parsing import Action, parse_tool_call_action, released_call, released_tool_calls
 from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, ToolCall, Trajectory
+from verl_memagent.output_fields import OutputField
 from verl_memagent.reward.answers import tag_spans
 from verl_memagent.reward.formats import released_verdict
 from verl_memagent.search import Document
@@ -140,9 +141,9 @@ class ToolCallAgentLoop(SearchAgentLoop):
         outputs = super().outputs(trajectory)
         final, extra = trajectory.contexts[-1], {}
         if self.released and final.texts:
-            extra["final_response"] = self.assistant_turns(final)[-1]
+            extra[OutputField.FINAL_RESPONSE] = self.assistant_turns(final)[-1]
         if self.released_rules:
-            extra["final_answer"], extra["final_format_ok"] = self.final_verdict(final)
+            extra[OutputField.FINAL_ANSWER], extra[OutputField.FINAL_FORMAT_OK] = self.final_verdict(final)
         for output in outputs:
             output.extra_fields.update(extra)
         return outputs

@@ -24,6 +24,7 @@ from verl.utils.tokenizer.chat_template import initialize_turn_separator
 
 from verl_memagent.agent.parsing import Action
 from verl_memagent.agent.settings import AgentSettings, ByValue, parsed_settings
+from verl_memagent.output_fields import OutputField
 from verl_memagent.search import Document, RetrieverClient, RetrieverError, format_documents
 from verl_memagent.trajectories.schema import CallSpan, PassageRef, SearchLog, TurnLog
 
@@ -410,35 +411,30 @@ class SearchAgentLoop(AgentLoopBase):
         for index, context in enumerate(trajectory.contexts):
             extra_fields = {
                 **context.server_fields,
-                "trajectory_id": trajectory.id,
-                "turn_index": index,
-                "num_contexts": len(trajectory.contexts),
-                "agent_name": self.agent,
-                "finish_reason": trajectory.finish_reason,
-                "penalised": trajectory.penalised,
-                # verl's reward input for a list decodes a mis-sized slice of the last response when an
-                # earlier context is longer (AgentLoopWorker._compute_score); rewards read this instead
-                "final_response": final_response,
-                # the answer and format verdict the rewards score (reward/scores.py): ours, with our tags
-                "final_answer": trajectory.answer.answer if trajectory.answer else None,
-                "final_format_ok": bool(trajectory.answer and trajectory.answer.format_ok),
-                "context_tokens": context.length,
-                "prompt_tokens": len(context.prompt_ids),
-                "prefill_tokens": context.prefill_tokens,
-                "memory_tokens": context.memory_tokens,
-                "memory_truncated": context.memory_truncated,
-                "memory_written": context.memory_written,
-                # actions taken: one per context for memsearcher and mem1, one per generate call for react
-                "turns": 1 if self.one_output_per_context else context.generate_calls,
-                "generate_s": context.generate_s,
-                "search_s": context.search_s,
-                "searches": context.searches,
-                "retriever_errors": context.retriever_errors,
-                "turn_scores": [],
-                "tool_rewards": [],
-                # the question and each turn's calls, search and memory: trajectory records read these
-                "question": trajectory.question,
-                "turn_log": self.turn_log(context),
+                OutputField.TRAJECTORY_ID: trajectory.id,
+                OutputField.TURN_INDEX: index,
+                OutputField.NUM_CONTEXTS: len(trajectory.contexts),
+                OutputField.AGENT_NAME: self.agent,
+                OutputField.FINISH_REASON: trajectory.finish_reason,
+                OutputField.PENALISED: trajectory.penalised,
+                OutputField.FINAL_RESPONSE: final_response,
+                OutputField.FINAL_ANSWER: trajectory.answer.answer if trajectory.answer else None,
+                OutputField.FINAL_FORMAT_OK: bool(trajectory.answer and trajectory.answer.format_ok),
+                OutputField.CONTEXT_TOKENS: context.length,
+                OutputField.PROMPT_TOKENS: len(context.prompt_ids),
+                OutputField.PREFILL_TOKENS: context.prefill_tokens,
+                OutputField.MEMORY_TOKENS: context.memory_tokens,
+                OutputField.MEMORY_TRUNCATED: context.memory_truncated,
+                OutputField.MEMORY_WRITTEN: context.memory_written,
+                OutputField.TURNS: 1 if self.one_output_per_context else context.generate_calls,
+                OutputField.GENERATE_S: context.generate_s,
+                OutputField.SEARCH_S: context.search_s,
+                OutputField.SEARCHES: context.searches,
+                OutputField.RETRIEVER_ERRORS: context.retriever_errors,
+                OutputField.TURN_SCORES: [],
+                OutputField.TOOL_REWARDS: [],
+                OutputField.QUESTION: trajectory.question,
+                OutputField.TURN_LOG: self.turn_log(context),
             }
             metrics = AgentLoopMetrics(generate_sequences=context.generate_s, tool_calls=context.search_s)
             outputs.append(

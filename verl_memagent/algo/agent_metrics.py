@@ -14,6 +14,8 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass, fields
 
+from verl_memagent.output_fields import OutputField
+
 #: finish reasons with a share of their own; any other reason is malformed output ("format_broken")
 FINISH_GROUPS = {"answer": "answered", "max_turns": "out_of_turns", "context_limit": "out_of_tokens"}
 FINISHES = ("answered", "out_of_turns", "out_of_tokens", "format_broken", "penalised")
@@ -51,24 +53,24 @@ class Trajectory:
 
 def summarise_trajectory(contexts: Sequence[Mapping]) -> Trajectory:
     """The totals of one trajectory's contexts (their `extra_fields`, any order)."""
-    last = max(contexts, key=lambda c: c["turn_index"])
-    overflowed = last["finish_reason"] == "memory_overflow"  # the last rewrite ran over and ended it
+    last = max(contexts, key=lambda c: c[OutputField.TURN_INDEX])
+    overflowed = last[OutputField.FINISH_REASON] == "memory_overflow"  # the last rewrite ran over and ended it
     stats = TrajectoryStats(
-        turns=sum(c["turns"] for c in contexts),
+        turns=sum(c[OutputField.TURNS] for c in contexts),
         contexts=len(contexts),
-        searches=sum(c["searches"] for c in contexts),
-        retriever_errors=sum(c["retriever_errors"] for c in contexts),
-        memory_tokens=max(c["memory_tokens"] for c in contexts),
-        peak_context_tokens=max(c["context_tokens"] for c in contexts),
-        prefill_tokens=sum(c["prefill_tokens"] for c in contexts),
-        generate_s=sum(c["generate_s"] for c in contexts),
-        search_s=sum(c["search_s"] for c in contexts),
+        searches=sum(c[OutputField.SEARCHES] for c in contexts),
+        retriever_errors=sum(c[OutputField.RETRIEVER_ERRORS] for c in contexts),
+        memory_tokens=max(c[OutputField.MEMORY_TOKENS] for c in contexts),
+        peak_context_tokens=max(c[OutputField.CONTEXT_TOKENS] for c in contexts),
+        prefill_tokens=sum(c[OutputField.PREFILL_TOKENS] for c in contexts),
+        generate_s=sum(c[OutputField.GENERATE_S] for c in contexts),
+        search_s=sum(c[OutputField.SEARCH_S] for c in contexts),
     )
     return Trajectory(
         stats=stats,
-        finish=finish_group(last["finish_reason"], bool(last["penalised"])),
-        memory_rewrites=sum(bool(c["memory_written"]) for c in contexts),
-        memory_capped=sum(bool(c["memory_truncated"]) or (overflowed and c is last) for c in contexts),
+        finish=finish_group(last[OutputField.FINISH_REASON], bool(last[OutputField.PENALISED])),
+        memory_rewrites=sum(bool(c[OutputField.MEMORY_WRITTEN]) for c in contexts),
+        memory_capped=sum(bool(c[OutputField.MEMORY_TRUNCATED]) or (overflowed and c is last) for c in contexts),
     )
 
 
@@ -77,8 +79,8 @@ def group_trajectories(extra_fields: Iterable[Mapping]) -> list[list[Mapping]]:
     loops (no `trajectory_id`, e.g. verl's single-turn loop) are left out."""
     groups: dict[str, list[Mapping]] = defaultdict(list)
     for fields_ in extra_fields:
-        if isinstance(fields_, Mapping) and "trajectory_id" in fields_:
-            groups[str(fields_["trajectory_id"])].append(fields_)
+        if isinstance(fields_, Mapping) and OutputField.TRAJECTORY_ID in fields_:
+            groups[str(fields_[OutputField.TRAJECTORY_ID])].append(fields_)
     return list(groups.values())
 
 

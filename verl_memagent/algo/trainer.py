@@ -50,6 +50,7 @@ from verl_memagent.algo.update_plan import (
     zero_advantage_steps,
 )
 from verl_memagent.algo.verl_estimators import TrajectoryBatch, providing
+from verl_memagent.output_fields import OutputField
 
 logger = logging.getLogger(__name__)
 
@@ -58,11 +59,15 @@ def check_agent_ids(layout: TrajectoryLayout, extra_fields: Sequence[dict]) -> N
     """The agent loops tag each output with `trajectory_id` and `turn_index`; they must tell the same
     story as verl's keys (one trajectory per session, outputs returned in turn order)."""
     valid = layout.valid.numpy()
-    tagged = [(i, f) for i, f in enumerate(extra_fields) if valid[i] and isinstance(f, dict) and "trajectory_id" in f]
+    tagged = [
+        (i, f)
+        for i, f in enumerate(extra_fields)
+        if valid[i] and isinstance(f, dict) and OutputField.TRAJECTORY_ID in f
+    ]
     if not tagged:
         return
     rows = np.array([i for i, _ in tagged])
-    ids = np.unique(np.array([str(f["trajectory_id"]) for _, f in tagged]), return_inverse=True)[1]
+    ids = np.unique(np.array([str(f[OutputField.TRAJECTORY_ID]) for _, f in tagged]), return_inverse=True)[1]
     by_key = layout.trajectory.numpy()[rows]
     pairs = np.unique(np.stack([by_key, ids]), axis=1).shape[1]
     if not pairs == np.unique(by_key).size == np.unique(ids).size:
@@ -70,7 +75,7 @@ def check_agent_ids(layout: TrajectoryLayout, extra_fields: Sequence[dict]) -> N
             "extra_fields.trajectory_id does not match verl's sample keys {uid}_{session_id}_{index}: "
             "an agent loop's run() must return exactly the outputs of one trajectory"
         )
-    turns = np.array([int(f.get("turn_index", -1)) for _, f in tagged])
+    turns = np.array([int(f.get(OutputField.TURN_INDEX, -1)) for _, f in tagged])
     if not np.array_equal(turns, layout.turn.numpy()[rows]):
         raise ValueError("extra_fields.turn_index differs from the output's position: run() must return turns in order")
 

@@ -25,6 +25,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from verl_memagent.agent.turns import question_of
+from verl_memagent.output_fields import OutputField
 from verl_memagent.reward import f1_score, gold_answers, normalize_answer, split_objectives
 from verl_memagent.reward.scores import exact_match_score, final_answer, multi_objective_em
 from verl_memagent.trajectories.build import ContextSample, build_record
@@ -48,7 +49,7 @@ def objective_golds(ground_truth: Any) -> list[list[str]] | None:
 
 def score(extra_fields: dict[str, Any], ground_truth: Any) -> tuple[str | None, dict[str, float]]:
     """(prediction, {em, em_fraction, f1, acc, num_objectives}) of a trajectory, read as the reward reads it."""
-    final = extra_fields["final_response"]
+    final = extra_fields[OutputField.FINAL_RESPONSE]
     objectives = objective_golds(ground_truth)
     golds = gold_answers(ground_truth) if objectives is None else []
     reading = exact_match_score("eval", final, golds, extra_info=extra_fields)
@@ -101,11 +102,11 @@ def context_record(output: AgentLoopOutput, tokenizer) -> dict[str, Any]:
         "prompt_tokens": len(output.prompt_ids),
         "response_tokens": len(output.response_ids),
         "generated_tokens": sum(output.response_mask),
-        "context_tokens": fields["context_tokens"],
-        "prefill_tokens": fields["prefill_tokens"],
-        "memory_tokens": fields["memory_tokens"],
-        "searches": fields["searches"],
-        "retriever_errors": fields["retriever_errors"],
+        "context_tokens": fields[OutputField.CONTEXT_TOKENS],
+        "prefill_tokens": fields[OutputField.PREFILL_TOKENS],
+        "memory_tokens": fields[OutputField.MEMORY_TOKENS],
+        "searches": fields[OutputField.SEARCHES],
+        "retriever_errors": fields[OutputField.RETRIEVER_ERRORS],
     }
 
 
@@ -129,10 +130,10 @@ def example_record(
         "question": question_of(row),
         "golden_answers": golds,
         "prediction": prediction,
-        "final_response": fields["final_response"],
+        "final_response": fields[OutputField.FINAL_RESPONSE],
         "scores": scores,
-        "finish_reason": fields["finish_reason"],
-        "penalised": fields["penalised"],
+        "finish_reason": fields[OutputField.FINISH_REASON],
+        "penalised": fields[OutputField.PENALISED],
         "searches": sum(c["searches"] for c in contexts),
         "turn_context_tokens": turn_context_tokens(outputs, one_output_per_context),
         "contexts": contexts,

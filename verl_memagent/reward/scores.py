@@ -27,6 +27,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from verl_memagent.output_fields import OutputField
 from verl_memagent.reward.answers import exact_match, extract_answer, f1_score, gold_answers, split_objectives
 from verl_memagent.reward.formats import released_verdict
 
@@ -38,22 +39,25 @@ def _penalised(extra_info: Any) -> bool:
     agent's record) our loop ended it without an answer (its `finish_reason`)."""
     if not isinstance(extra_info, dict):
         return False
-    ended_without_answer = "final_format_ok" not in extra_info and extra_info.get("finish_reason", "answer") != "answer"
-    return bool(extra_info.get("penalised")) or ended_without_answer
+    ended_without_answer = (
+        OutputField.FINAL_FORMAT_OK not in extra_info
+        and extra_info.get(OutputField.FINISH_REASON, "answer") != "answer"
+    )
+    return bool(extra_info.get(OutputField.PENALISED)) or ended_without_answer
 
 
 def _final_response(solution_str: str, extra_info: Any) -> str:
-    if isinstance(extra_info, dict) and isinstance(extra_info.get("final_response"), str):
-        return extra_info["final_response"]
+    if isinstance(extra_info, dict) and isinstance(extra_info.get(OutputField.FINAL_RESPONSE), str):
+        return extra_info[OutputField.FINAL_RESPONSE]
     return solution_str
 
 
 def _recorded(extra_info: Any) -> tuple[str | None, bool] | None:
     """(final answer, format verdict) as the agent loop recorded them, or None for outputs without a record."""
-    if not isinstance(extra_info, dict) or "final_format_ok" not in extra_info:
+    if not isinstance(extra_info, dict) or OutputField.FINAL_FORMAT_OK not in extra_info:
         return None
-    answer = extra_info.get("final_answer")
-    return (answer if isinstance(answer, str) else None), bool(extra_info["final_format_ok"])
+    answer = extra_info.get(OutputField.FINAL_ANSWER)
+    return (answer if isinstance(answer, str) else None), bool(extra_info[OutputField.FINAL_FORMAT_OK])
 
 
 def final_answer(solution_str: str, extra_info: Any = None) -> str | None:

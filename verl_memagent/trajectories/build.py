@@ -14,6 +14,7 @@ from typing import Any
 
 import numpy as np
 
+from verl_memagent.output_fields import OutputField
 from verl_memagent.trajectories.schema import CallSpan, ModelCall, Passage, Source, TrajectoryRecord, Turn
 
 
@@ -31,7 +32,11 @@ class ContextSample:
 
 def is_recorded(extra_fields: Any) -> bool:
     """Whether an output carries the turn log of this package's agent loops (verl's own loops do not)."""
-    return isinstance(extra_fields, Mapping) and "turn_log" in extra_fields and "trajectory_id" in extra_fields
+    return (
+        isinstance(extra_fields, Mapping)
+        and OutputField.TURN_LOG in extra_fields
+        and OutputField.TRAJECTORY_ID in extra_fields
+    )
 
 
 def plain(value: Any) -> Any:
@@ -91,7 +96,7 @@ def build_record(
     for context_index, sample in enumerate(contexts):
         # an array: transformers turns it into a list in C, where a list of ints is checked item by item
         token_ids = np.concatenate([np.asarray(sample.prompt_ids, np.int64), np.asarray(sample.response_ids, np.int64)])
-        for log in sample.extra_fields["turn_log"]:
+        for log in sample.extra_fields[OutputField.TURN_LOG]:
             spans, search = log["calls"], log["search"]
             advantages = _sampled_advantages(sample, spans)
             sampled.append(advantages)
@@ -113,17 +118,17 @@ def build_record(
     return TrajectoryRecord(
         source=source,
         step=step,
-        agent=str(final["agent_name"]),
+        agent=str(final[OutputField.AGENT_NAME]),
         data_source=str(data_source),
-        question=str(final["question"]),
+        question=str(final[OutputField.QUESTION]),
         golden_answers=plain(golden_answers),
-        answer=final.get("final_answer"),
-        finish_reason=str(final["finish_reason"]),
-        penalised=bool(final["penalised"]),
+        answer=final.get(OutputField.FINAL_ANSWER),
+        finish_reason=str(final[OutputField.FINISH_REASON]),
+        penalised=bool(final[OutputField.PENALISED]),
         reward=None if reward is None else float(reward),
         reward_info=plain(dict(reward_info or {})),
         advantage=_mean(np.concatenate([np.zeros(0), *sampled])),
-        trajectory_id=str(final["trajectory_id"]),
+        trajectory_id=str(final[OutputField.TRAJECTORY_ID]),
         uid=uid,
         session=session,
         row_id=plain(row_id),
