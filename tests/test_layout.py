@@ -25,6 +25,19 @@ FORBIDDEN = {
     "retriever_server": ("verl", "verl_memagent", "memagent_examples", "tests", "benchmarks", "recipes"),
 }
 
+#: subpackage of verl_memagent -> the only modules of ours outside itself it may import: the "may
+#: import" column of docs/design.md for our own modules (third-party imports are not checked)
+MAY_IMPORT = {
+    "agent": ("search", "reward", "trajectories.schema", "output_fields", "data.compose", "import_hooks"),
+    "algo": ("trajectories", "output_fields", "import_hooks"),
+    "trajectories": ("output_fields",),
+    "search": (),
+    "reward": ("output_fields",),
+    "data": (),
+    "cpu": ("hf_generator", "import_hooks"),
+    "eval": ("agent", "data", "reward", "trajectories", "hf_generator", "output_fields", "progress"),
+}
+
 
 def module_name(path: Path, root: Path) -> str:
     parts = path.relative_to(root).with_suffix("").parts
@@ -55,7 +68,31 @@ def imported_names(path: Path, root: Path) -> set[str]:
             and isinstance(node.args[0].value, str)
         ):
             names.add(node.args[0].value)
+    if module == "verl_memagent.plugin":
+        names |= registration_modules(root)
     return names
+
+
+def registration_modules(root: Path = REPO) -> set[str]:
+    """The modules `plugin.py` imports by name from `PROVIDES` (a loop the import reader cannot see)."""
+    tree = ast.parse((root / "verl_memagent" / "plugin.py").read_text(encoding="utf-8"))
+    provides = next(
+        node.value
+        for node in ast.walk(tree)
+        if isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name) and node.target.id == "PROVIDES"
+    )
+    return {key.value for key in provides.keys if isinstance(key, ast.Constant)}
+
+
+def unlisted_imports(subpackage: str, root: Path = REPO) -> list[str]:
+    """Imports of our own modules from `verl_memagent.<subpackage>` that MAY_IMPORT does not list."""
+    allowed = (f"verl_memagent.{subpackage}", *(f"verl_memagent.{name}" for name in MAY_IMPORT[subpackage]))
+    return sorted(
+        f"{module_name(path, root)} imports {name}"
+        for path in (root / "verl_memagent" / subpackage).rglob("*.py")
+        for name in imported_names(path, root)
+        if name.startswith("verl_memagent") and not any(name == a or name.startswith(a + ".") for a in allowed)
+    )
 
 
 def forbidden_imports(package: str, root: Path = REPO) -> list[str]:
@@ -81,6 +118,18 @@ def test_package_imports_only_what_the_map_allows(package):
     assert forbidden_imports(package) == []
 
 
+@pytest.mark.parametrize("subpackage", MAY_IMPORT)
+def test_subpackage_imports_only_the_modules_of_ours_it_may(subpackage):
+    assert unlisted_imports(subpackage) == []
+
+
+def test_the_plugins_registration_modules_are_edges_of_the_map():
+    """`plugin.py` imports the modules `PROVIDES` names in a loop; the reader counts them as its imports."""
+    modules = {"verl_memagent.cpu.register", "verl_memagent.agent.register", "verl_memagent.algo.register"}
+    assert modules <= imported_names(REPO / "verl_memagent" / "plugin.py", REPO)
+    assert all((REPO / (name.replace(".", "/") + ".py")).is_file() for name in modules)
+
+
 @pytest.mark.parametrize("package", PACKAGES)
 def test_package_has_no_import_cycle(package):
     assert import_cycles(package) == []
@@ -94,8 +143,14 @@ def test_the_checks_find_a_hidden_cycle_and_a_forbidden_import(tmp_path):
     (fake / "a.py").write_text("def f():\n    from .sub import b\n")
     (fake / "sub" / "b.py").write_text("import importlib\n\nimportlib.import_module('verl_memagent.a')\n")
     (fake / "c.py").write_text("def serve():\n    from retriever_server.app import create_app\n")
+    (fake / "search").mkdir()
+    (fake / "search" / "client.py").write_text("from verl_memagent.agent import turns\n")
     assert import_cycles("verl_memagent", tmp_path) == [["verl_memagent.a", "verl_memagent.sub.b"]]
     assert forbidden_imports("verl_memagent", tmp_path) == [
         "verl_memagent.c imports retriever_server.app",
         "verl_memagent.c imports retriever_server.app.create_app",
+    ]
+    assert unlisted_imports("search", tmp_path) == [
+        "verl_memagent.search.client imports verl_memagent.agent",
+        "verl_memagent.search.client imports verl_memagent.agent.turns",
     ]
