@@ -11,7 +11,14 @@ from pathlib import Path
 from retriever_server.corpus import CorpusError
 from retriever_server.errors import IndexLoadError
 from retriever_server.index import KINDS
-from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions, ServerLimits, default_threads
+from retriever_server.options import (
+    QUANTIZE_CHOICES,
+    DenseOptions,
+    LoadOptions,
+    ServerLimits,
+    default_threads,
+    limit_options,
+)
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -32,58 +39,59 @@ def _parser() -> argparse.ArgumentParser:
     )
     build.add_argument("--batch-size", type=int, default=64, help="dense: passages per encoder batch")
     build.add_argument("--device", help="dense: torch device for encoding (default: cuda if present)")
-    build.add_argument("--query-quantize", default="int8", choices=QUANTIZE_CHOICES,
-                       help="dense: query encoder of CPU servers (int8: several times fp32, kept only where a check "
-                            "finds it keeps recall on this corpus; passages are never quantised)")  # fmt: skip
+    build.add_argument(
+        "--query-quantize",
+        default="int8",
+        choices=QUANTIZE_CHOICES,
+        help="dense: query encoder of CPU servers (int8: several times fp32, kept only where a check "
+        "finds it keeps recall on this corpus; passages are never quantised)",
+    )
     build.add_argument("--threads", type=int, default=os.cpu_count() or 1)
-    build.add_argument("--progress-every-s", type=float, default=10.0,
-                       help="seconds between progress lines when stderr is not a terminal")  # fmt: skip
+    build.add_argument(
+        "--progress-every-s",
+        type=float,
+        default=10.0,
+        help="seconds between progress lines when stderr is not a terminal",
+    )
 
     serve = commands.add_parser("serve", help="serve an index over HTTP")
     serve.add_argument("--index", type=Path, required=True)
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
     serve.add_argument("--port-file", type=Path, help="write the bound port to this file")
-    limits = ServerLimits()
-    serve.add_argument("--topk-default", type=int, default=limits.topk_default,
-                       help="/retrieve's topk if none is given (Search-R1's)")  # fmt: skip
-    serve.add_argument("--top-n-default", type=int, default=limits.top_n_default,
-                       help="/search's top_n when none is given (MemSearcher's)")  # fmt: skip
-    serve.add_argument("--topk-max", type=int, default=limits.topk_max,
-                       help="largest topk accepted; every query is searched to it")  # fmt: skip
-    serve.add_argument("--max-queries", type=int, default=limits.max_queries, help="queries per request")
-    serve.add_argument("--max-query-chars", type=int, default=limits.max_query_chars,
-                       help="a longer query is cut to this many characters (not refused)")  # fmt: skip
-    serve.add_argument("--max-body-bytes", type=int, default=limits.max_body_bytes)
-    serve.add_argument("--max-header-bytes", type=int, default=limits.max_header_bytes,
-                       help="request line and header fields together (431 beyond)")  # fmt: skip
-    serve.add_argument("--max-headers", type=int, default=limits.max_headers, help="header fields (431 beyond)")
-    serve.add_argument("--header-timeout-s", type=float, default=limits.header_timeout_s,
-                       help="a request head must be complete within this (408 and closed)")  # fmt: skip
-    serve.add_argument("--body-timeout-s", type=float, default=limits.body_timeout_s,
-                       help="longest wait for the next byte of a body (408 and closed)")  # fmt: skip
-    serve.add_argument("--keep-alive-s", type=float, default=limits.keep_alive_s,
-                       help="an idle connection between requests is closed after this")  # fmt: skip
+    limit_options(serve)
     serve.add_argument("--max-batch", type=int, default=256, help="queries per shared encoder/index batch")
     serve.add_argument("--max-wait-ms", type=float, default=0.0, help="wait for more queries before a batch")
     serve.add_argument("--cache-size", type=int, default=100_000, help="LRU entries (0 disables the cache)")
     serve.add_argument("--token-env", help="name of an environment variable holding a bearer token to require")
     serve.add_argument("--device", help="dense: torch device of the query encoder / torch index")
-    serve.add_argument("--quantize", choices=QUANTIZE_CHOICES,
-                       help="dense: CPU query encoder, int8 or none (fp32); default: as built")  # fmt: skip
+    serve.add_argument(
+        "--quantize", choices=QUANTIZE_CHOICES, help="dense: CPU query encoder, int8 or none (fp32); default: as built"
+    )
     serve.add_argument("--query-batch-size", type=int, help="dense: queries per forward pass (64 on CPU, 256 on GPU)")
     serve.add_argument("--nprobe", type=int, default=32, help="ivfpq: lists probed per query")
     serve.add_argument("--ef-search", type=int, default=128, help="hnsw: search breadth")
-    serve.add_argument("--bm25-backend", default="auto", choices=("auto", "numba", "numpy"),
-                       help="bm25 scoring: numba is much faster but compiles at start-up")  # fmt: skip
-    serve.add_argument("--threads", type=int,
-                       help="threads per search process (torch, BLAS, faiss, numba, Lucene); default: the cores "
-                            "this process may use but one, divided among the search processes")  # fmt: skip
+    serve.add_argument(
+        "--bm25-backend",
+        default="auto",
+        choices=("auto", "numba", "numpy"),
+        help="bm25 scoring: numba is much faster but compiles at start-up",
+    )
+    serve.add_argument(
+        "--threads",
+        type=int,
+        help="threads per search process (torch, BLAS, faiss, numba, Lucene); default: the cores "
+        "this process may use but one, divided among the search processes",
+    )
     serve.add_argument(
         "--search-processes", type=int, default=1, help="searchers (encoder + index), each a process loading the index"
     )
-    serve.add_argument("--crash-window-s", type=float, default=10.0,
-                       help="a restarted search process that dies again within this stops the server")  # fmt: skip
+    serve.add_argument(
+        "--crash-window-s",
+        type=float,
+        default=10.0,
+        help="a restarted search process that dies again within this stops the server",
+    )
     serve.add_argument("--log-level", default="warning")
     return parser
 

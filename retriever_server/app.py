@@ -90,8 +90,9 @@ async def _search(
     is clamped to 1..topk_max, as deep as every query is searched."""
     limits = server.limits
     if len(queries) > limits.max_queries:
-        raise HTTPException(422, f"{field}: {len(queries)} queries, over the limit of {limits.max_queries} "
-                                 "(--max-queries)")  # fmt: skip
+        raise HTTPException(
+            422, f"{field}: {len(queries)} queries, over the limit of {limits.max_queries} (--max-queries)"
+        )
     if server.engine is None:
         raise HTTPException(503, "index: still loading; retry when GET /health says ready")
     server.metrics.requests[endpoint] += 1

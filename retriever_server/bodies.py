@@ -60,8 +60,9 @@ async def read_body(request: Request, model: type[B], limits: ServerLimits, metr
     """The request's body as `model`, or the HTTPException that says what is wrong with it."""
     declared = request.headers.get("content-length")
     if declared is not None and declared.isdigit() and int(declared) > limits.max_body_bytes:
-        raise HTTPException(413, f"body: {declared} bytes, over the limit of {limits.max_body_bytes} "
-                                 "(--max-body-bytes)", headers=CLOSE)  # fmt: skip
+        raise HTTPException(
+            413, f"body: {declared} bytes, over the limit of {limits.max_body_bytes} (--max-body-bytes)", headers=CLOSE
+        )
     body = await _receive(request, limits, metrics, declared)
     try:  # on the loop: pydantic holds the GIL while it parses, a thread would not free the loop
         parsed = model.model_validate_json(body)
@@ -81,19 +82,32 @@ async def _receive(request: Request, limits: ServerLimits, metrics: Metrics, dec
             except StopAsyncIteration:
                 return bytes(body)
             if len(body) > limits.max_body_bytes:
-                raise HTTPException(413, f"body: over the limit of {limits.max_body_bytes} bytes (--max-body-bytes)",
-                                    headers=CLOSE)  # fmt: skip
+                raise HTTPException(
+                    413, f"body: over the limit of {limits.max_body_bytes} bytes (--max-body-bytes)", headers=CLOSE
+                )
     except ClientDisconnect:  # nobody to answer: one line in the log, no traceback
         metrics.disconnects += 1
-        _log.warning("retriever_server: %s %s: the client hung up after %d of %s body bytes",
-                     request.method, request.url.path, len(body), declared)  # fmt: skip
+        _log.warning(
+            "retriever_server: %s %s: the client hung up after %d of %s body bytes",
+            request.method,
+            request.url.path,
+            len(body),
+            declared,
+        )
         raise HTTPException(400, "body: the client hung up before sending all of it") from None
     except asyncio.TimeoutError:
         metrics.slow_bodies += 1
-        _log.warning("retriever_server: %s %s: no body byte for %g s after %d of %s; closed",
-                     request.method, request.url.path, limits.body_timeout_s, len(body), declared)  # fmt: skip
-        raise HTTPException(408, f"body: no byte for {limits.body_timeout_s:g} s (--body-timeout-s)",
-                            headers=CLOSE) from None  # fmt: skip
+        _log.warning(
+            "retriever_server: %s %s: no body byte for %g s after %d of %s; closed",
+            request.method,
+            request.url.path,
+            limits.body_timeout_s,
+            len(body),
+            declared,
+        )
+        raise HTTPException(
+            408, f"body: no byte for {limits.body_timeout_s:g} s (--body-timeout-s)", headers=CLOSE
+        ) from None
 
 
 def field_errors(exc: ValidationError) -> str:

@@ -73,8 +73,10 @@ def _gpu_shortfall(rows: int, dim: int) -> str | None:
     if fits_on_gpus(rows, dim, free):
         return None
     free_gb = [round(f / 1e9, 1) for f in free]
-    return (f"({rows} x {dim}, {rows * dim * 2 / 1e9:.1f} GB in fp16) does not fit the free memory of the visible "
-            f"GPUs ({free_gb} GB, {GPU_HEADROOM_BYTES >> 30} GiB kept free on each)")  # fmt: skip
+    return (
+        f"({rows} x {dim}, {rows * dim * 2 / 1e9:.1f} GB in fp16) does not fit the free memory of the visible "
+        f"GPUs ({free_gb} GB, {GPU_HEADROOM_BYTES >> 30} GiB kept free on each)"
+    )
 
 
 def _on_gpu(options) -> bool:

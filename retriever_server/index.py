@@ -103,8 +103,10 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progr
             try:
                 prebuilt.vectors(np.zeros(1, dtype=np.int64))
             except RuntimeError:  # e.g. IVF-PQ, which keeps codes
-                raise IndexLoadError("--prebuilt-faiss keeps no passage vectors to check the int8 query encoder "
-                                     "against; pass --query-quantize none") from None  # fmt: skip
+                raise IndexLoadError(
+                    "--prebuilt-faiss keeps no passage vectors to check the int8 query encoder "
+                    "against; pass --query-quantize none"
+                ) from None
         return {**meta, **_query_quantize(options, spec, store, prebuilt.vectors, progress)}
     encoder = Encoder(spec, device=options.device)
     embeddings_path = out_dir / EMBEDDINGS_FILE
@@ -174,8 +176,10 @@ class Searcher:
         except CorpusError as exc:
             raise IndexLoadError(str(exc)) from None
         if len(self.store) != self.meta["num_passages"]:
-            raise IndexLoadError(f"{index_dir}: corpus store has {len(self.store)} rows, meta.json says "
-                              f"{self.meta['num_passages']}; rebuild the index")  # fmt: skip
+            raise IndexLoadError(
+                f"{index_dir}: corpus store has {len(self.store)} rows, meta.json says "
+                f"{self.meta['num_passages']}; rebuild the index"
+            )
         try:
             self._rows = self._open(index_dir, options)
         except (OSError, ValueError, RuntimeError) as exc:

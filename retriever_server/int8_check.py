@@ -68,5 +68,7 @@ def summary(check: dict) -> str:
     """One line for the build's output."""
     recall = check[f"recall_at_{TOP}"]
     verdict = "kept" if check["kept"] else "lost recall: CPU servers encode queries in fp32 (--quantize int8 overrides)"
-    return (f"int8 query encoder: known-item recall@{TOP} {recall['int8']} (fp32 {recall['none']}) on "
-            f"{check['queries']} pseudo-queries, cosine to fp32 {check['cosine_mean']}: {verdict}")  # fmt: skip
+    return (
+        f"int8 query encoder: known-item recall@{TOP} {recall['int8']} (fp32 {recall['none']}) on "
+        f"{check['queries']} pseudo-queries, cosine to fp32 {check['cosine_mean']}: {verdict}"
+    )

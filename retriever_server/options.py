@@ -4,7 +4,7 @@ no heavy import: a BM25 server reads them without loading torch or faiss."""
 from __future__ import annotations
 
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 
 QUANTIZE_CHOICES = ("none", "int8")  # how a CPU server runs the query encoder: fp32, or int8 (quantize.py)
@@ -44,27 +44,42 @@ def default_threads(search_processes: int) -> int:
     return max(1, (len(os.sched_getaffinity(0)) - 1) // search_processes)
 
 
+def _limit(default: int | float, help: str):
+    """A `ServerLimits` field; `serve` makes it the option `--<name>` with this help."""
+    return field(default=default, metadata={"help": help})
+
+
 @dataclass(frozen=True)
 class ServerLimits:
-    """What `serve` accepts (each field is the option of the same name). The defaults are the original
-    servers' (Search-R1's topk 3, MemSearcher's top_n 10); the limits sit far above any paper's
-    batch (Search-R1 sends 512 x 5 = 2,560 queries in one request) and only bound what a broken or
-    hostile client can cost. `topk_max` is also the depth every query is searched to."""
+    """What `serve` accepts (each field but `token` is the option of the same name: `limit_options`).
+    The defaults are the original servers' (Search-R1's topk 3, MemSearcher's top_n 10); the limits
+    sit far above any paper's batch (Search-R1 sends 512 x 5 = 2,560 queries in one request) and only
+    bound what a broken or hostile client can cost. `topk_max` is also the depth every query is
+    searched to."""
 
-    topk_default: int = 3
-    top_n_default: int = 10
-    topk_max: int = 50
-    max_queries: int = 65_536  # per request
-    max_query_chars: int = 8_192  # a longer query is cut to this many characters, not refused
-    max_body_bytes: int = 32 * 1024 * 1024  # 16,384 queries of 2,000 characters (parsed on the loop: ~10 ms/MB)
-    max_header_bytes: int = 64 * 1024  # request line and header fields together
-    max_headers: int = 100
-    header_timeout_s: float = 10.0  # for the whole head, from the connection or the request's first byte
-    body_timeout_s: float = 30.0  # without a byte while a body is read
-    keep_alive_s: float = 5.0  # an idle connection between requests is closed after this (uvicorn's default)
+    topk_default: int = _limit(3, "/retrieve's topk if none is given (Search-R1's)")
+    top_n_default: int = _limit(10, "/search's top_n when none is given (MemSearcher's)")
+    topk_max: int = _limit(50, "largest topk accepted; every query is searched to it")
+    max_queries: int = _limit(65_536, "queries per request (422 beyond)")
+    max_query_chars: int = _limit(8_192, "a longer query is cut to this many characters (not refused)")
+    # 16,384 queries of 2,000 characters (a body is parsed on the event loop: about 10 ms a MB)
+    max_body_bytes: int = _limit(32 * 1024 * 1024, "request body (413 beyond)")
+    max_header_bytes: int = _limit(64 * 1024, "request line and header fields together (431 beyond)")
+    max_headers: int = _limit(100, "header fields (431 beyond)")
+    header_timeout_s: float = _limit(10.0, "a request head must be complete within this (408 and closed)")
+    body_timeout_s: float = _limit(30.0, "longest wait for the next byte of a body (408 and closed)")
+    keep_alive_s: float = _limit(5.0, "an idle connection between requests is closed after this (uvicorn's default)")
     token: str | None = None
 
     def __post_init__(self):
         for name, value in vars(self).items():
             if name != "token" and not value > 0:
                 raise ValueError(f"--{name.replace('_', '-')}: expected a positive number, got {value}")
+
+
+def limit_options(parser) -> None:
+    """Add each `ServerLimits` field as `--<name>` (its type, default and help) to an argparse parser."""
+    for limit in fields(ServerLimits):
+        if limit.name != "token":
+            flag = f"--{limit.name.replace('_', '-')}"
+            parser.add_argument(flag, type=type(limit.default), default=limit.default, help=limit.metadata["help"])

@@ -124,8 +124,14 @@ class SearchPool:
         if slot.restarted and uptime < self._crash_window_s:
             self._on_fatal(f"{name} died again {uptime:.1f} s after its restart ({reason}): a crash loop")
             return
-        _log.warning("retriever_server: %s died (%s) after %.1f s; %d of %d live; restarting it",
-                     name, reason, uptime, self.live(), len(self))  # fmt: skip
+        _log.warning(
+            "retriever_server: %s died (%s) after %.1f s; %d of %d live; restarting it",
+            name,
+            reason,
+            uptime,
+            self.live(),
+            len(self),
+        )
         started = time.monotonic()
         try:
             process = await in_daemon_thread(self._start_process, discard=SearchProcess.close)
@@ -138,8 +144,14 @@ class SearchPool:
         slot.restarted = True
         self.restarted += 1
         self._attach(slot, process)
-        _log.warning("retriever_server: search process %d restarted (pid %d) in %.1f s; %d of %d live",
-                     slot.index, process.pid, time.monotonic() - started, self.live(), len(self))  # fmt: skip
+        _log.warning(
+            "retriever_server: search process %d restarted (pid %d) in %.1f s; %d of %d live",
+            slot.index,
+            process.pid,
+            time.monotonic() - started,
+            self.live(),
+            len(self),
+        )
 
     def close(self) -> None:
         """Stop every process (each ends when its pipe closes) and any restart under way."""

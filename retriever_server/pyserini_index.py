@@ -40,9 +40,20 @@ def build_pyserini(store: CorpusStore, out_dir: Path, *, threads: int = 2) -> di
             for row, contents in enumerate(store.iter_contents()):
                 handle.write(json.dumps({"id": str(row), "contents": contents}, ensure_ascii=False) + "\n")
         command = [
-            sys.executable, "-m", "pyserini.index.lucene", "--collection", "JsonCollection", "--input", tmp,
-            "--index", str(out_dir), "--generator", "DefaultLuceneDocumentGenerator", "--threads", str(threads),
-        ]  # fmt: skip
+            sys.executable,
+            "-m",
+            "pyserini.index.lucene",
+            "--collection",
+            "JsonCollection",
+            "--input",
+            tmp,
+            "--index",
+            str(out_dir),
+            "--generator",
+            "DefaultLuceneDocumentGenerator",
+            "--threads",
+            str(threads),
+        ]
         subprocess.run(command, check=True)
     return {"threads": threads}
 

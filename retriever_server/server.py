@@ -88,8 +88,14 @@ def serve(
     sock.bind((host, port))
     bound_port = sock.getsockname()[1]
     http = protocol_class(limits, state.connections)
-    config = uvicorn.Config(app, http=http, log_level=log_level, access_log=False, timeout_graceful_shutdown=5,
-                            timeout_keep_alive=limits.keep_alive_s)  # fmt: skip
+    config = uvicorn.Config(
+        app,
+        http=http,
+        log_level=log_level,
+        access_log=False,
+        timeout_graceful_shutdown=5,
+        timeout_keep_alive=limits.keep_alive_s,
+    )
     server = uvicorn.Server(config)
     if port_file is not None:
         Path(port_file).write_text(str(bound_port))
