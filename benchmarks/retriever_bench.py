@@ -103,10 +103,13 @@ def naive_serve(index_dir: Path, port_file: Path, threads: int | None) -> None:
             rows, scores = searcher.search(body.queries, body.topk)
         store = searcher.store
         result = [
-            [{"document": {"id": store.doc_id(r), "contents": store.contents(r)}, "score": float(s)}
-             for r, s in zip(rs.tolist(), ss.tolist(), strict=True) if r >= 0]
+            [
+                {"document": {"id": store.doc_id(r), "contents": store.contents(r)}, "score": float(s)}
+                for r, s in zip(rs.tolist(), ss.tolist(), strict=True)
+                if r >= 0
+            ]
             for rs, ss in zip(rows, scores, strict=True)
-        ]  # fmt: skip
+        ]
         return {"result": result}
 
     @app.get("/health")
@@ -404,8 +407,10 @@ def main() -> None:
 
             variants = DENSE_VARIANTS if kind == "dense" else {kind: []}
             baseline = start(naive(index_dir, args.threads))
-            unique = {label: start(ours(index_dir, args.threads, "--cache-size", "0", *flags))
-                      for label, flags in variants.items()}  # fmt: skip
+            unique = {
+                label: start(ours(index_dir, args.threads, "--cache-size", "0", *flags))
+                for label, flags in variants.items()
+            }
             levels({f"naive_{kind}": baseline, **unique}, questions, gold, report)
             report[f"naive_{kind}_peak_rss_mb"] = baseline.peak_rss_mb()
             for label, server in unique.items():

@@ -266,8 +266,9 @@ def run_kind(index_dir: Path, args: argparse.Namespace, report: dict, kind: str)
                 "rss_mb_after": server.rss_mb(),
                 **{key: after[key] - before[key] for key in after},
             }
-            print(f"{kind} {name:6s} {json.dumps({k: v for k, v in phases[name].items() if k != 'window'})}",
-                  flush=True)  # fmt: skip
+            print(
+                f"{kind} {name:6s} {json.dumps({k: v for k, v in phases[name].items() if k != 'window'})}", flush=True
+            )
 
         async def idle() -> dict:
             await asyncio.sleep(5)
@@ -293,10 +294,11 @@ def run_kind(index_dir: Path, args: argparse.Namespace, report: dict, kind: str)
         async def beside_misbehaving(work) -> dict:
             stop, closed = asyncio.Event(), [0]
             misbehaving = [
-                asyncio.create_task(slow_readers(port, big_answer_request(port, queries.take(1024)),
-                                                 args.slow_readers, stop)),
+                asyncio.create_task(
+                    slow_readers(port, big_answer_request(port, queries.take(1024)), args.slow_readers, stop)
+                ),
                 asyncio.create_task(slowloris(port, args.slowloris, stop, closed)),
-            ]  # fmt: skip
+            ]
             await asyncio.sleep(2)  # the slow readers' answers fill their buffers
             try:
                 result = await work()
@@ -332,8 +334,11 @@ def run_kind(index_dir: Path, args: argparse.Namespace, report: dict, kind: str)
     counts = report[kind]
     for name, result in phases.items():
         print(f"{kind} {name:6s} /health {json.dumps(result['health'])}", flush=True)
-    print(f"{kind} rss {rss_start} -> {rss_end} MB; log: {counts['log_deaths']} deaths, "
-          f"{counts['log_restarts']} restarts, {counts['log_tracebacks']} tracebacks", flush=True)  # fmt: skip
+    print(
+        f"{kind} rss {rss_start} -> {rss_end} MB; log: {counts['log_deaths']} deaths, "
+        f"{counts['log_restarts']} restarts, {counts['log_tracebacks']} tracebacks",
+        flush=True,
+    )
 
 
 def health_figures(samples: list[tuple[float, float, int]]) -> dict:

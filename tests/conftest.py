@@ -8,6 +8,14 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
+# fixtures that start Ray (tens of seconds on 2 cores) or compile a model: their tests are `slow`
+SLOW_FIXTURES = {"transfer_queue", "local_ray", "int8_encoder"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.slow)
 
 
 @pytest.fixture(scope="session")

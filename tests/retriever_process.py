@@ -52,8 +52,11 @@ class ServerProcess:
 
     def search_pids(self) -> list[int]:
         """The server's search processes (its children but multiprocessing's resource tracker)."""
-        children = [int(pid) for task in Path(f"/proc/{self.process.pid}/task").glob("*/children")
-                    for pid in task.read_text().split()]  # fmt: skip
+        children = [
+            int(pid)
+            for task in Path(f"/proc/{self.process.pid}/task").glob("*/children")
+            for pid in task.read_text().split()
+        ]
         return [pid for pid in children if "spawn_main" in _read(f"/proc/{pid}/cmdline")]
 
     def rss_mb(self) -> float:

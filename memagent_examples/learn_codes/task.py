@@ -161,10 +161,16 @@ def warm_start(
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     samples = asyncio.run(
         scripted_samples(
-            "memsearcher", scripts, tokenizer, agent_loops_yaml, 1024, 384, model.config.model_type,
+            "memsearcher",
+            scripts,
+            tokenizer,
+            agent_loops_yaml,
+            1024,
+            384,
+            model.config.model_type,
             retriever_urls=retriever_url,
         )
-    )  # fmt: skip
+    )
     copy_losses = copy_pretraining(model, copy_steps, seed=seed)
     print(f"copy pretraining: {copy_steps} steps, loss {copy_losses[0]:.3f} -> {copy_losses[-1]:.3f}")
     losses = supervised_steps(model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16)

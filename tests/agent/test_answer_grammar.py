@@ -14,11 +14,32 @@ from verl_memagent.reward.scores import exact_match_score, f1_with_format, multi
 
 CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leer"}}</tool_call>'
 PIECES = [
-    "<think>", "</think>", "<think>the river</think>", "\\boxed{", "}", "\\boxed{Leda}", "\\boxed{Lower Saxony; Leda}",
-    "\\boxed{}", "\\boxed{Leer}", "\\boxed Leda", "$", "<tool_call>", "</tool_call>", CALL, "<answer>", "</answer>",
-    "<answer>Leda</answer>", "<answer>Lower Saxony; Leda</answer>", "<answer> </answer>", "<search>Leer</search>",
-    "<search>", "<IS>s</IS>", "Leda", " ", "\n",
-]  # fmt: skip
+    "<think>",
+    "</think>",
+    "<think>the river</think>",
+    "\\boxed{",
+    "}",
+    "\\boxed{Leda}",
+    "\\boxed{Lower Saxony; Leda}",
+    "\\boxed{}",
+    "\\boxed{Leer}",
+    "\\boxed Leda",
+    "$",
+    "<tool_call>",
+    "</tool_call>",
+    CALL,
+    "<answer>",
+    "</answer>",
+    "<answer>Leda</answer>",
+    "<answer>Lower Saxony; Leda</answer>",
+    "<answer> </answer>",
+    "<search>Leer</search>",
+    "<search>",
+    "<IS>s</IS>",
+    "Leda",
+    " ",
+    "\n",
+]
 model_outputs = st.lists(st.one_of(st.sampled_from(PIECES), st.text(max_size=6)), max_size=8).map("".join)
 
 

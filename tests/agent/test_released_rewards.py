@@ -60,10 +60,30 @@ async def test_strict_rules_are_a_named_option(run_released, qwen_tokenizer, nam
 
 
 PIECES = [
-    "<think>", "</think>", " t </think>", "\\boxed{", "\\boxed ", "\\boxed{Leda}", "\\boxed{Ems}", "\\boxed{}",
-    "\\fbox{", "{", "}", "$", " ", "\n", "Leda", "the", "<tool_call>", "</tool_call>",
-    '{"name": "wikipedia_search", "arguments": {"query": "Leer"}}', "<memory>", "</memory>", "\\[", "\\]",
-]  # fmt: skip
+    "<think>",
+    "</think>",
+    " t </think>",
+    "\\boxed{",
+    "\\boxed ",
+    "\\boxed{Leda}",
+    "\\boxed{Ems}",
+    "\\boxed{}",
+    "\\fbox{",
+    "{",
+    "}",
+    "$",
+    " ",
+    "\n",
+    "Leda",
+    "the",
+    "<tool_call>",
+    "</tool_call>",
+    '{"name": "wikipedia_search", "arguments": {"query": "Leer"}}',
+    "<memory>",
+    "</memory>",
+    "\\[",
+    "\\]",
+]
 answer_turns = st.tuples(st.lists(st.sampled_from(PIECES), max_size=12).map("".join), st.booleans())
 
 

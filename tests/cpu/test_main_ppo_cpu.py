@@ -15,6 +15,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+pytestmark = pytest.mark.slow  # verl's main_ppo runs on CPU
+
 HERE = Path(__file__).resolve().parent
 DOC = HERE.parent.parent / "docs" / "cpu.md"
 

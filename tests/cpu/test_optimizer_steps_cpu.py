@@ -24,6 +24,8 @@ import pytest
 import torch
 from test_main_ppo_cpu import CPU_OVERRIDES  # what running on CPU needs, as docs/cpu.md documents it
 
+pytestmark = pytest.mark.slow  # verl's main_ppo runs on CPU
+
 REPO = Path(__file__).resolve().parents[2]
 SYSTEM = "Answer the question. Search with the tool first."
 EOS = "<|im_end|>"
@@ -79,19 +81,32 @@ def run(tmp_path_factory, tiny_model_dir, retriever_server, bm25_index_dir, data
     subprocess.run([*command, "--input", str(data_dir / "qa_multihop.jsonl"), "--out", str(train)], check=True)
     recipe = REPO / "recipes" / "memsearcher" / "config"
     main_ppo = [
-        sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={recipe}", "--config-name=memsearcher",
+        sys.executable,
+        "-m",
+        "verl.trainer.main_ppo",
+        f"--config-path={recipe}",
+        "--config-name=memsearcher",
         *CPU_OVERRIDES,
-        f"actor_rollout_ref.model.path={model}", f"data.train_files={train}", f"data.val_files={train}",
+        f"actor_rollout_ref.model.path={model}",
+        f"data.train_files={train}",
+        f"data.val_files={train}",
         f"actor_rollout_ref.rollout.agent.agent_loop_config_path={loops}",
-        f"data.train_batch_size={QUESTIONS}", f"actor_rollout_ref.rollout.n={N}",
+        f"data.train_batch_size={QUESTIONS}",
+        f"actor_rollout_ref.rollout.n={N}",
         f"actor_rollout_ref.actor.ppo_mini_batch_size={MINI}",
-        "data.max_prompt_length=512", "data.max_response_length=512", "data.dataloader_num_workers=0",
+        "data.max_prompt_length=512",
+        "data.max_response_length=512",
+        "data.dataloader_num_workers=0",
         "actor_rollout_ref.actor.ppo_max_token_len_per_gpu=2048",
-        "actor_rollout_ref.rollout.agent.num_workers=1", "reward.num_workers=1",
-        "trainer.total_training_steps=1", "trainer.save_freq=1", "trainer.test_freq=-1",
-        "trainer.val_before_train=False", "trainer.logger=['console','file']",
+        "actor_rollout_ref.rollout.agent.num_workers=1",
+        "reward.num_workers=1",
+        "trainer.total_training_steps=1",
+        "trainer.save_freq=1",
+        "trainer.test_freq=-1",
+        "trainer.val_before_train=False",
+        "trainer.logger=['console','file']",
         f"trainer.default_local_dir={work / 'checkpoints'}",
-    ]  # fmt: skip
+    ]
     env = {**os.environ, "VERL_PLATFORM": "cpu", "VERL_FILE_LOGGER_PATH": str(work / "metrics.jsonl")}
     env["MEMAGENT_RETRIEVER_URL"] = url
     done = subprocess.run(main_ppo, cwd=work, env=env, capture_output=True, text=True, timeout=900)

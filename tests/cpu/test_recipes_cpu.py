@@ -29,6 +29,8 @@ from vllm_cpu import require_vllm_cpu
 
 from verl_memagent.algo.agent_metrics import FINISHES, TrajectoryStats
 
+pytestmark = pytest.mark.slow  # the CPU recipes run end to end
+
 RUN = Path(__file__).resolve().parents[2] / "recipes" / "cpu" / "run.sh"
 #: fp32 rollout and fp32 actor, so the rollout/trainer probability gap is float noise (see above)
 FP32 = "{param_dtype: fp32, reduce_dtype: fp32, buffer_dtype: fp32}"

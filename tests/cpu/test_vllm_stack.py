@@ -74,6 +74,7 @@ with set_current_vllm_config(VllmConfig()):
 """
 
 
+@pytest.mark.slow  # a vLLM engine starts
 def test_the_plugin_makes_a_vllm_cpu_linear_layer_take_synced_weights(unused_tcp_port):
     done = _run(RELOAD_PROBE.replace("PORT", str(unused_tcp_port)))
     assert done.returncode == 0, done.stderr[-4000:]

@@ -15,6 +15,8 @@ from vllm_cpu import VllmServer, require_vllm_cpu
 
 from verl_memagent.eval.openai_client import CompletionsClient
 
+pytestmark = pytest.mark.slow  # a vLLM engine starts
+
 #: logits and log-probs of vLLM-CPU (oneDNN GEMMs) and transformers (torch) agree to this in fp32
 TOLERANCE = 1e-4
 

@@ -221,8 +221,12 @@ def test_int8_query_encoder_keeps_the_fp32_rankings(minilm_dir, subset, torch_in
     recall = {}
     for name, vectors in (("fp32", fp32), ("int8", batched)):
         rows, _ = index.search(vectors, 3)
-        recall[name] = np.mean([len(set(q["supporting_ids"]) & {store.doc_id(r) for r in rs}) / len(q["supporting_ids"])
-                                for q, rs in zip(questions, rows.tolist(), strict=True)])  # fmt: skip
+        recall[name] = np.mean(
+            [
+                len(set(q["supporting_ids"]) & {store.doc_id(r) for r in rs}) / len(q["supporting_ids"])
+                for q, rs in zip(questions, rows.tolist(), strict=True)
+            ]
+        )
     assert abs(recall["int8"] - recall["fp32"]) <= 0.02, recall
     with pytest.raises(ValueError, match="int8 runs on CPU only"):
         Encoder(spec, device="cuda", quantize="int8")
@@ -370,8 +374,12 @@ async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, 
     assert health["index_type"] == "flat" and health["searched_by"] == "faiss on cpu"  # on a GPU: torch, if it fits
     body = {"queries": [q["question"] for q in questions], "topk": 5}
     result = httpx.post(f"{url}/retrieve", json=body, timeout=120).json()["result"]
-    recall = np.mean([len(set(q["supporting_ids"]) & {d["id"] for d in r}) / len(q["supporting_ids"])
-                      for q, r in zip(questions, result, strict=True)])  # fmt: skip
+    recall = np.mean(
+        [
+            len(set(q["supporting_ids"]) & {d["id"] for d in r}) / len(q["supporting_ids"])
+            for q, r in zip(questions, result, strict=True)
+        ]
+    )
     assert recall >= 0.6, recall
     async with httpx.AsyncClient(base_url=url, timeout=120) as client:
         singles = await asyncio.gather(

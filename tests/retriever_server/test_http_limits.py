@@ -9,8 +9,22 @@ import time
 import httpx
 import pytest
 
-LIMITS = ("--max-queries", "8", "--max-body-bytes", "4096", "--max-header-bytes", "2048", "--max-headers", "20",
-          "--header-timeout-s", "1", "--body-timeout-s", "1", "--keep-alive-s", "1")  # fmt: skip
+LIMITS = (
+    "--max-queries",
+    "8",
+    "--max-body-bytes",
+    "4096",
+    "--max-header-bytes",
+    "2048",
+    "--max-headers",
+    "20",
+    "--header-timeout-s",
+    "1",
+    "--body-timeout-s",
+    "1",
+    "--keep-alive-s",
+    "1",
+)
 HEAD = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
 
 

@@ -62,8 +62,10 @@ def test_health_and_small_requests_are_answered_while_a_large_answer_is_sent(ser
             big_s = time.perf_counter() - started
     head, _, body = b"".join(received).partition(b"\r\n\r\n")
     assert head.startswith(b"HTTP/1.1 200") and b"transfer-encoding: chunked" in head.lower()
-    print(f"answer of {len(body) / 1e6:.1f} MB in {big_s:.2f} s; {len(waits)} health + search pairs, "
-          f"longest {max(waits) * 1000:.0f} ms")  # fmt: skip
+    print(
+        f"answer of {len(body) / 1e6:.1f} MB in {big_s:.2f} s; {len(waits)} health + search pairs, "
+        f"longest {max(waits) * 1000:.0f} ms"
+    )
     assert len(body) > 70e6 and len(waits) >= 5
     assert max(waits) < big_s / 4
 

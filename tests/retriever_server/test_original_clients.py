@@ -54,8 +54,9 @@ def search_r1_turn(url: str, queries: list[str], topk: int = 3) -> list[str]:
 def verl_search(url: str, queries: list[str], topk: int = 3) -> tuple[dict | None, str | None]:
     """verl 0.7.1's `call_search_api` (one attempt): (response JSON, None) or (None, the error)."""
     headers = {"Content-Type": "application/json", "Accept": "application/json"}
-    response = requests.post(f"{url}/retrieve", headers=headers, json={"queries": queries, "topk": topk,
-                                                                      "return_scores": True}, timeout=30)  # fmt: skip
+    response = requests.post(
+        f"{url}/retrieve", headers=headers, json={"queries": queries, "topk": topk, "return_scores": True}, timeout=30
+    )
     if response.status_code in (500, 502, 503, 504):
         return None, f"Server Error ({response.status_code})"
     try:

@@ -53,8 +53,9 @@ def test_memsearcher_search_and_batch_search(bm25_url):
     docs = retrieve["result"][0]
     single = httpx.post(f"{bm25_url}/search", json={"query": "Pietro Germi film director", "top_n": 5}).json()
     assert single == docs
-    scored_docs, scores = httpx.post(f"{bm25_url}/search", json={"query": "Pietro Germi film director",
-                                                                 "top_n": 5, "return_score": True}).json()  # fmt: skip
+    scored_docs, scores = httpx.post(
+        f"{bm25_url}/search", json={"query": "Pietro Germi film director", "top_n": 5, "return_score": True}
+    ).json()
     assert scored_docs == docs and len(scores) == 5 and scores == sorted(scores, reverse=True)
     batch = httpx.post(f"{bm25_url}/batch_search", json={"query": ["Pietro Germi film director", "x"], "top_n": 5})
     assert batch.json()[0] == docs and len(batch.json()) == 2
@@ -123,8 +124,10 @@ def test_supporting_passage_recall_on_multihop_questions(bm25_url, questions):
     result = httpx.post(f"{bm25_url}/retrieve", json={"queries": queries, "topk": 10}, timeout=60).json()["result"]
     recall = {}
     for k in (3, 10):
-        found = [len(set(q["supporting_ids"]) & {h["id"] for h in r[:k]}) / len(q["supporting_ids"])
-                 for q, r in zip(questions, result, strict=True)]  # fmt: skip
+        found = [
+            len(set(q["supporting_ids"]) & {h["id"] for h in r[:k]}) / len(q["supporting_ids"])
+            for q, r in zip(questions, result, strict=True)
+        ]
         recall[k] = float(np.mean(found))
     assert recall[3] >= 0.45 and recall[10] >= 0.6, recall
     assert recall[10] > recall[3]
@@ -169,8 +172,13 @@ def test_a_query_longer_than_the_limit_is_cut_not_refused(bm25_url, corpus):
 
 def test_health_and_stats_count_requests_and_cache_hits(bm25_url):
     health = httpx.get(f"{bm25_url}/health").json()
-    assert health == {"status": "ready", "kind": "bm25", "num_passages": 14230, "search_processes": 1,
-                      "search_processes_live": 1}  # fmt: skip
+    assert health == {
+        "status": "ready",
+        "kind": "bm25",
+        "num_passages": 14230,
+        "search_processes": 1,
+        "search_processes_live": 1,
+    }
     before = httpx.get(f"{bm25_url}/stats").json()
     for _ in range(3):
         httpx.post(f"{bm25_url}/retrieve", json={"queries": ["a query seen three times"]})

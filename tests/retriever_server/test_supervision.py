@@ -44,8 +44,16 @@ def test_an_idle_search_process_killed_is_restarted(retriever_server, bm25_index
     os.kill(pid, signal.SIGKILL)
     seen = []
     wait_until(lambda: seen.append(health(server.url)) or seen[-1][1]["status"] != "ready", timeout_s=5)
-    assert seen[-1] == (503, {"status": "degraded", "kind": "bm25", "num_passages": 14230,
-                              "search_processes": 1, "search_processes_live": 0})  # fmt: skip
+    assert seen[-1] == (
+        503,
+        {
+            "status": "degraded",
+            "kind": "bm25",
+            "num_passages": 14230,
+            "search_processes": 1,
+            "search_processes_live": 0,
+        },
+    )
     # sent while no search process is live: it waits for the restart
     assert httpx.post(f"{server.url}/retrieve", json={"queries": ["Toto band"]}, timeout=60).json() == toto
     wait_until(lambda: health(server.url)[1]["status"] == "ready")

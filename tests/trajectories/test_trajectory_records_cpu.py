@@ -20,6 +20,8 @@ from browsing import choose, open_page, wait_ready
 from verl_memagent.trajectories.files import read_records
 from verl_memagent.trajectories.table import read_offline_tables, table_rows
 
+pytestmark = pytest.mark.slow  # verl's main_ppo runs on CPU
+
 RUN = Path(__file__).resolve().parents[2] / "recipes" / "cpu" / "run.sh"
 EPS = 1e-6  # multi_context_grpo's epsilon
 
