@@ -145,8 +145,11 @@ def warm_start(
     batch_size: int = 8,
     seed: int = 0,
     copy_steps: int = 800,
+    checkpoint_every: int = 0,
 ) -> list[float]:
-    """Copy pretraining, then MemSearcher demonstrations of the doors in `demos`; save to `out`."""
+    """Copy pretraining, then MemSearcher demonstrations of the doors in `demos`; save to `out`.
+    `checkpoint_every` > 0 also saves the model every that many demonstration steps, to
+    `out/step_N`: the same models as runs of N steps (no schedule depends on the step count)."""
     import asyncio
 
     import torch
@@ -173,7 +176,15 @@ def warm_start(
     )
     copy_losses = copy_pretraining(model, copy_steps, seed=seed)
     print(f"copy pretraining: {copy_steps} steps, loss {copy_losses[0]:.3f} -> {copy_losses[-1]:.3f}")
-    losses = supervised_steps(model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16)
+
+    def checkpoint(step: int) -> None:
+        if checkpoint_every and step % checkpoint_every == 0:
+            model.save_pretrained(out / f"step_{step}")
+            tokenizer.save_pretrained(out / f"step_{step}")
+
+    losses = supervised_steps(
+        model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16, after_step=checkpoint
+    )
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
     return losses
@@ -228,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     warm.add_argument("--steps", type=int, default=400, help="supervised steps on the demonstrations")
     warm.add_argument("--lr", type=float, default=1e-3)
     warm.add_argument("--seed", type=int, default=0)
+    warm.add_argument("--checkpoint-every", type=int, default=0, help="also save every N demonstration steps")
     key = sub.add_parser("build-key", help="print the digest a cached task and warm start are reused under")
     key.add_argument("--input", action="append", default=[], metavar="NAME=VALUE", help="an input; repeat")
     key.add_argument("--file", type=Path, action="append", default=[], help="a file the build reads; repeat")
@@ -254,6 +266,7 @@ def main(argv: list[str] | None = None) -> int:
         args.lr,
         seed=args.seed,
         copy_steps=args.copy_steps,
+        checkpoint_every=args.checkpoint_every,
     )
     print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}")
     return 0

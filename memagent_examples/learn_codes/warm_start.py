@@ -96,19 +96,22 @@ def labelled_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, attentio
     return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]).float(), targets[keep])
 
 
-def adamw_steps(model, steps: int, lr: float, step_loss, desc: str) -> list[float]:
+def adamw_steps(model, steps: int, lr: float, step_loss, desc: str, after_step=None) -> list[float]:
     """`steps` AdamW updates of `model` on `step_loss()` (a fresh batch's loss each call), in train
-    mode, back in eval mode after; returns the loss of each step. Reports progress as `desc`."""
+    mode, back in eval mode after; returns the loss of each step. Reports progress as `desc`.
+    `after_step(n)`, if given, is called after the n-th update (1-based), the model in train mode."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     model.train()
     losses = []
     with progress(steps, desc) as bar:
-        for _ in range(steps):
+        for step in range(1, steps + 1):
             loss = step_loss()
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
             losses.append(loss.item())
+            if after_step is not None:
+                after_step(step)
             bar.set_postfix(loss=losses[-1])
             bar.update()
     model.eval()
@@ -131,7 +134,15 @@ def copy_pretraining(model, steps: int, lr: float = 1e-3, seed: int = 0) -> list
 
 
 def supervised_steps(
-    model, samples, steps: int, lr: float, batch_size: int, pad_token_id: int, seed: int = 0, copy_rows: int = 0
+    model,
+    samples,
+    steps: int,
+    lr: float,
+    batch_size: int,
+    pad_token_id: int,
+    seed: int = 0,
+    copy_rows: int = 0,
+    after_step=None,
 ):
     """AdamW steps of next-token loss on the labelled tokens; returns the loss of each step.
 
@@ -156,4 +167,4 @@ def supervised_steps(
             loss = loss + labelled_loss(model, *copy_batch(generator, model.config.vocab_size, copy_rows))
         return loss
 
-    return adamw_steps(model, steps, lr, step_loss, "demonstrations")
+    return adamw_steps(model, steps, lr, step_loss, "demonstrations", after_step)

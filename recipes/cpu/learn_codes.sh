@@ -18,7 +18,7 @@ CACHE=$(mkdir -p "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && cd "${MEMAG
 SEED=${SEED:-0}        # the tiny model, the task and the warm start
 RL_SEED=${RL_SEED:-$SEED}  # reinforcement learning: the order of the questions and the rollout's sampling
 COPY_STEPS=${COPY_STEPS:-800}
-WARM_STEPS=${WARM_STEPS:-400}
+WARM_STEPS=${WARM_STEPS:-175}  # benchmarks/warm_start_sweep.py: where this build's policy starts to be right (docs/cpu.md)
 EVAL_SAMPLES=${EVAL_SAMPLES:-4}
 # One torch thread per process: the job runs several processes on few cores, and torch's threads
 # spin-waiting for each other on a busy machine made a warm-start step 4x slower (docs/cpu.md).
@@ -75,7 +75,7 @@ heartbeat "training data" verl-memagent prepare --input "$BUILD/task/qa.jsonl" -
 EVALS=()
 score_policy() { # NAME MODEL_DIR
   local eval=(verl-memagent eval --agent memsearcher --model "$2" --tokenizer "$BUILD/model" \
-    --agent-loops "$AGENT_LOOPS" --retriever "$MEMAGENT_RETRIEVER_URL" --prompt-length 1024 --response-length 384)
+    --agent-loops "$AGENT_LOOPS" --retriever "$MEMAGENT_RETRIEVER_URL" --prompt-length 512 --response-length 320)  # learn_codes.yaml's
   local samples=()
   for i in $(seq "$EVAL_SAMPLES"); do samples+=(--data "sample$i=$BUILD/task/qa.jsonl"); done
   phase "scoring the policy $1: greedy, then $EVAL_SAMPLES samples of each question"

@@ -132,6 +132,26 @@ def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokeni
     assert sum(losses[-3:]) < sum(losses[:3])
 
 
+def test_a_checkpoint_after_k_steps_is_the_model_of_a_k_step_run(tiny_model_dir, tokenizer):
+    """What `warm-start --checkpoint-every` and benchmarks/warm_start_sweep.py rely on."""
+    generator = torch.Generator().manual_seed(0)
+    samples = [(ids, ids) for ids in torch.randint(5, 200, (6, 24), generator=generator).tolist()]
+    run = dict(samples=samples, lr=1e-3, batch_size=2, pad_token_id=tokenizer.pad_token_id, copy_rows=1)
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    saved = {}
+
+    def after_step(step: int) -> None:
+        if step == 2:
+            saved.update({name: value.detach().clone() for name, value in model.state_dict().items()})
+
+    supervised_steps(model, steps=4, after_step=after_step, **run)
+    short = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    supervised_steps(short, steps=2, **run)
+    assert saved.keys() == short.state_dict().keys()
+    assert all(torch.equal(saved[name], value) for name, value in short.state_dict().items())
+    assert not all(torch.equal(saved[name], value) for name, value in model.state_dict().items())
+
+
 def test_copy_batch_labels_exactly_the_repeats():
     input_ids, labels = copy_batch(torch.Generator().manual_seed(0), vocab_size=50, batch_size=4, length=64)
     assert input_ids.shape == labels.shape == (4, 64)
