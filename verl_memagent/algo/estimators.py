@@ -135,6 +135,9 @@ def multi_context_grpo(
 
     Options as in `grpo_row_advantages`; with the defaults this reproduces verl's built-in
     multi-trajectory `grpo` (trainer/ppo/v1/utils.py).
+
+    Shapes (bs rows, one per context; padding rows included and zeroed): `token_level_rewards` and
+    `response_mask` (bs, response_length); `advantages` and `returns` (bs, response_length).
     """
     if response_mask.shape != token_level_rewards.shape:
         raise ValueError("token_level_rewards and response_mask must have the same shape")
@@ -165,6 +168,8 @@ def grpo_row_advantages(
       summed per-row weight is the same whatever its number of turns (exact with
       `loss_agg_mode=seq-mean-token-mean`; see docs/estimators.md).
     - `turn_discount` (gamma): turn t of T (final turn t = T) is scaled by gamma^(T - t).
+
+    Shapes: `token_level_rewards` (bs, response_length); returns per-row advantages (bs,).
     """
     num_traj, num_groups = layout.num_trajectories, layout.num_groups
     final = _final_rows(layout)
@@ -273,6 +278,9 @@ def multi_context_gae(
     last turn that generated anything, should the final one be empty). Per-token
     terms `token_level_rewards - token_level_scores` (verl's in-reward KL penalty) stay where they are.
     Advantages are then whitened over all valid tokens, as verl's GAE does.
+
+    Shapes: `token_level_scores`, `token_level_rewards`, `values` (the critic's) and `response_mask`
+    (bs, response_length), one row per context; `advantages` and `returns` (bs, response_length).
     """
     if not (token_level_scores.shape == token_level_rewards.shape == values.shape == response_mask.shape):
         raise ValueError("token_level_scores, token_level_rewards, values and response_mask must have one shape")
