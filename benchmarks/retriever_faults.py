@@ -102,9 +102,12 @@ async def one_request(url: str, queries: list[str]) -> dict:
 
 
 async def singles(url: str, queries: list[str], connections: int = SINGLE_CONNECTIONS) -> dict:
-    """Each query in a request of its own, `connections` at a time."""
+    """Each query in a request of its own, `connections` at a time, each request on a connection of its
+    own as the original clients send them (Search-R1's `requests.post`, no session): a kept-alive
+    connection reused after a stall can meet the server's keep-alive close on its way (HTTP/1.1's
+    race, not the server's error; our own client retries it, docs/retriever.md)."""
     latencies, errors, cursor = [], [], iter(queries)
-    connector = aiohttp.TCPConnector(limit=connections)
+    connector = aiohttp.TCPConnector(limit=connections, force_close=True)
     async with aiohttp.ClientSession(connector=connector, timeout=aiohttp.ClientTimeout(total=900)) as session:
 
         async def worker() -> None:
