@@ -18,7 +18,7 @@ CACHE=$(mkdir -p "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && cd "${MEMAG
 SEED=${SEED:-0}        # the tiny model, the task and the warm start
 RL_SEED=${RL_SEED:-$SEED}  # reinforcement learning: the order of the questions and the rollout's sampling
 COPY_STEPS=${COPY_STEPS:-800}
-WARM_STEPS=${WARM_STEPS:-175}  # benchmarks/warm_start_sweep.py: where this build's policy starts to be right (docs/cpu.md)
+WARM_STEPS=${WARM_STEPS:-200}  # benchmarks/warm_start_sweep.py: where this build's policy starts to be right (docs/cpu.md)
 EVAL_SAMPLES=${EVAL_SAMPLES:-4}
 # One torch thread per process: the job runs several processes on few cores, and torch's threads
 # spin-waiting for each other on a busy machine made a warm-start step 4x slower (docs/cpu.md).
