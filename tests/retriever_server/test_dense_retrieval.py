@@ -284,6 +284,7 @@ def _with_outlier_channel(minilm_dir: str, out: Path, factor: float = 1000.0) ->
     model.save_pretrained(out)
 
 
+@pytest.mark.slow  # builds a dense index with a checked int8 encoder
 def test_an_int8_encoder_that_loses_recall_is_not_used(minilm_dir, subset, tmp_path):
     model = tmp_path / "outlier_minilm"
     _with_outlier_channel(minilm_dir, model)
