@@ -34,7 +34,7 @@ REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers with
 
-from retriever_process import ServerProcess, serve_command  # noqa: E402
+from retriever_process import ServerProcess, build_command, serve_command  # noqa: E402
 
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
@@ -53,8 +53,7 @@ NOTE_WORDS_PER_SEARCH = 40
 def start_retriever(corpus: Path, workdir: Path) -> ServerProcess:
     """Build a BM25 index of `corpus` and serve it on a free loopback port."""
     index = workdir / "bm25"
-    build = [sys.executable, "-m", "retriever_server", "build", "--kind", "bm25", "--corpus", str(corpus)]
-    subprocess.run([*build, "--out", str(index)], check=True, cwd=REPO, capture_output=True)
+    subprocess.run(build_command("bm25", corpus, index), check=True, cwd=REPO, capture_output=True)
     return ServerProcess(serve_command(index), timeout_s=60, cwd=REPO)
 
 

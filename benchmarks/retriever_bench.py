@@ -48,7 +48,7 @@ from pydantic import BaseModel
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers with
 
-from retriever_process import ServerProcess, serve_command  # noqa: E402
+from retriever_process import ServerProcess, build_command, serve_command  # noqa: E402
 
 TOPK = 3
 PROCESSES = max(2, len(os.sched_getaffinity(0)))  # the "N" of 1 vs N search processes: one per core
@@ -214,19 +214,8 @@ def rollout(servers: dict[str, ServerProcess], questions: list[str], report: dic
 def build(kind: str, corpus: Path, out: Path, *extra: str) -> float:
     if (out / "meta.json").is_file():
         return json.loads((out / "meta.json").read_text())["build_seconds"]
-    command = [
-        sys.executable,
-        "-m",
-        "retriever_server",
-        "build",
-        "--kind",
-        kind,
-        "--corpus",
-        str(corpus),
-        "--out",
-        str(out),
-    ]
-    subprocess.run([*command, *extra], check=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    command = build_command(kind, corpus, out, *extra)
+    subprocess.run(command, check=True, cwd=REPO, env={**os.environ, "HF_HUB_OFFLINE": "1"})
     return json.loads((out / "meta.json").read_text())["build_seconds"]
 
 

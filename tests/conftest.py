@@ -80,9 +80,9 @@ def transfer_queue():
 def bm25_index_dir(tmp_path_factory, data_dir) -> Path:
     """A BM25 index of the bundled corpus built with the retriever's CLI (a few seconds)."""
     import subprocess
-    import sys
 
     out = tmp_path_factory.mktemp("bm25_index")
-    command = [sys.executable, "-m", "retriever_server", "build", "--kind", "bm25"]
-    subprocess.run([*command, "--corpus", str(data_dir / "corpus.jsonl"), "--out", str(out)], check=True, cwd=REPO_ROOT)
+    from retriever_process import build_command
+
+    subprocess.run(build_command("bm25", data_dir / "corpus.jsonl", out), check=True, cwd=REPO_ROOT)
     return out

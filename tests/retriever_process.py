@@ -17,6 +17,12 @@ import urllib.request
 from pathlib import Path
 
 
+def build_command(kind: str, corpus: str | os.PathLike, out: str | os.PathLike, *args: str) -> list[str]:
+    """`python -m retriever_server build` of a `kind` index of `corpus` into `out`, with extra build options."""
+    paths = ["--corpus", str(corpus), "--out", str(out)]
+    return [sys.executable, "-m", "retriever_server", "build", "--kind", kind, *paths, *args]
+
+
 def serve_command(index_dir: str | os.PathLike, *args: str) -> list[str]:
     """`python -m retriever_server serve` on a free port for `index_dir`, with extra serve options."""
     return [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0", *args]

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from retriever_process import build_command
 from transformers import AutoModelForCausalLM
 
 from memagent_examples.learn_codes.reward_curve import follow, summary
@@ -83,8 +84,7 @@ def test_demonstration_is_a_valid_memsearcher_trajectory():
 def task(tmp_path_factory, retriever_server, tokenizer):
     out = tmp_path_factory.mktemp("codes_task")
     paths = write_task(out / "task", tokenizer, seed=0, base_corpus=REPO / "data" / "corpus.jsonl")
-    command = [sys.executable, "-m", "retriever_server", "build", "--kind", "bm25"]
-    subprocess.run([*command, "--corpus", str(paths["corpus"]), "--out", str(out / "bm25")], check=True, cwd=REPO)
+    subprocess.run(build_command("bm25", paths["corpus"], out / "bm25"), check=True, cwd=REPO)
     return paths, retriever_server(out / "bm25").url
 
 

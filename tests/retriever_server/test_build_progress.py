@@ -2,26 +2,14 @@
 every few seconds, and when it is done; no progress bars' carriage returns."""
 
 import subprocess
-import sys
+
+from retriever_process import build_command
 
 
 def test_a_build_logs_its_phases_and_progress_in_plain_lines(tmp_path, data_dir):
     corpus = tmp_path / "corpus.jsonl"
     corpus.write_text("".join((data_dir / "corpus.jsonl").read_text(encoding="utf-8").splitlines(True)[:3000]))
-    command = [
-        sys.executable,
-        "-m",
-        "retriever_server",
-        "build",
-        "--kind",
-        "bm25",
-        "--corpus",
-        str(corpus),
-        "--out",
-        str(tmp_path / "index"),
-        "--progress-every-s",
-        "0.05",
-    ]
+    command = build_command("bm25", corpus, tmp_path / "index", "--progress-every-s", "0.05")
     result = subprocess.run(command, capture_output=True, text=True, check=True)
     lines = result.stderr.splitlines()
     assert "\r" not in result.stderr and all(line.startswith("build [") for line in lines), lines
