@@ -166,7 +166,8 @@ class Mem1AgentLoop(SearchAgentLoop):
             if self.style == "released_eval":  # the client sent the conversation as one text
                 prompt_ids = self.encode(self.chat_text(messages) + self.eval_text(generation) + observation)
                 continue
-            if context.memory_truncated:  # the next prompt holds the cut state, encoded; the sample keeps the sampled
+            # a cut state goes into the next prompt encoded; this context's sample keeps what was sampled
+            if context.memory_truncated:
                 state = f"<{tags['state']}>{carried_state}</{tags['state']}>"
                 kept = self.encode(f"{state}\n<{tags['search']}>{call.query}</{tags['search']}>")
             else:
