@@ -28,8 +28,16 @@ FORBIDDEN = {
 #: subpackage of verl_memagent -> the only modules of ours outside itself it may import: the "may
 #: import" column of docs/design.md for our own modules (third-party imports are not checked)
 MAY_IMPORT = {
-    "agent": ("search", "reward", "trajectories.schema", "output_fields", "data.compose", "import_hooks"),
-    "algo": ("trajectories", "output_fields", "import_hooks"),
+    "agent": (
+        "search",
+        "reward",
+        "trajectories.schema",
+        "output_fields",
+        "config_sections",
+        "data.compose",
+        "import_hooks",
+    ),
+    "algo": ("trajectories", "output_fields", "config_sections", "import_hooks"),
     "trajectories": ("output_fields",),
     "search": (),
     "reward": ("output_fields",),

@@ -116,7 +116,7 @@ def test_unknown_setting_is_named(trainer_config, tokenizer):
     async def build():
         instantiate_agent_loop("mem1", trainer_config, ScriptedPolicy(tokenizer, []), tokenizer, max_turn=3)
 
-    with pytest.raises(Exception, match="max_turn"):
+    with pytest.raises(Exception, match=r"mem1 agent settings: unknown keys \['max_turn'\]; known keys: .*'max_turns'"):
         asyncio.run(build())
 
 

@@ -155,6 +155,8 @@ def test_multi_context_options_are_validated():
         MultiContextConfig.from_algorithm({"multi_context": {"turn_discout": 0.9}})
     with pytest.raises(ValueError, match="turn_discount must be in"):
         MultiContextConfig.from_algorithm({"multi_context": {"turn_discount": 1.5}})
+    with pytest.raises(ValueError, match=r"on_nonfinite: expected one of \['stop', 'skip'\], got 'warn'"):
+        MultiContextConfig.from_algorithm({"multi_context": {"on_nonfinite": "warn"}})
 
 
 def test_agent_ids_must_agree_with_verls_keys():

@@ -165,7 +165,7 @@ def test_config_is_checked():
     trainer.trajectories = {"per_step": 0, "dir": "/elsewhere"}
     assert str(TrajectoryRecordsConfig.from_trainer(trainer).directory(trainer)) == "/elsewhere"
     trainer.trajectories = {"per_steps": 3}
-    with pytest.raises(ValueError, match=r"trainer.trajectories has unknown keys \['per_steps'\]"):
+    with pytest.raises(ValueError, match=r"trainer.trajectories: unknown keys \['per_steps'\]"):
         TrajectoryRecordsConfig.from_trainer(trainer)
     trainer.trajectories = {"per_step": -1}
     with pytest.raises(ValueError, match="per_step must be an integer >= 0"):

@@ -11,13 +11,15 @@ once per process for each distinct agent, tags and settings, and the loops share
 from __future__ import annotations
 
 from collections.abc import Mapping
-from dataclasses import dataclass, field, fields
+from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 import jinja2
 from omegaconf import OmegaConf
+
+from verl_memagent.config_sections import reject_unknown_keys, require_choice
 
 PROMPTS_YAML = Path(__file__).with_name("prompts.yaml")
 
@@ -107,20 +109,14 @@ class AgentSettings:
         for name in ("observation_max_tokens", "context_max_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer or null, got {getattr(self, name)!r}")
-        if self.memory_overflow not in MEMORY_OVERFLOW_MODES:
-            raise ValueError(f"memory_overflow: expected one of {MEMORY_OVERFLOW_MODES}, got {self.memory_overflow!r}")
-        if self.prompt_style not in PROMPT_STYLES:
-            raise ValueError(f"prompt_style: expected one of {PROMPT_STYLES}, got {self.prompt_style!r}")
-        if self.action_rules not in ACTION_RULES:
-            raise ValueError(f"action_rules: expected one of {ACTION_RULES}, got {self.action_rules!r}")
+        require_choice("memory_overflow", self.memory_overflow, MEMORY_OVERFLOW_MODES)
+        require_choice("prompt_style", self.prompt_style, PROMPT_STYLES)
+        require_choice("action_rules", self.action_rules, ACTION_RULES)
 
 
 def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str, Any]) -> AgentSettings:
     """Merge YAML overrides (plain or OmegaConf values) over the defaults, type-checked by OmegaConf."""
-    known = {f.name for f in fields(AgentSettings)}
-    unknown = sorted(set(overrides) - known)
-    if unknown:
-        raise ValueError(f"unknown {agent} agent setting(s) {unknown}; known settings: {sorted(known)}")
+    reject_unknown_keys(f"{agent} agent settings", overrides, AgentSettings)
     plain = OmegaConf.to_container(OmegaConf.create(dict(overrides)), resolve=True)
     if isinstance(plain.get("retriever_urls"), str):
         plain["retriever_urls"] = [url.strip() for url in plain["retriever_urls"].split(",") if url.strip()]

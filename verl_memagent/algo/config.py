@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass, fields
+from dataclasses import dataclass
+
+from verl_memagent.config_sections import reject_unknown_keys, require_choice
 
 GRPO, GAE = "multi_context_grpo", "multi_context_gae"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
@@ -29,15 +31,9 @@ class MultiContextConfig:
     @classmethod
     def from_algorithm(cls, algorithm) -> MultiContextConfig:
         section = dict((algorithm or {}).get("multi_context", None) or {})
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(section) - known)
-        if unknown:
-            raise ValueError(f"algorithm.multi_context has unknown keys {unknown}; known keys: {sorted(known)}")
+        reject_unknown_keys("algorithm.multi_context", section, cls)
         config = cls(**section)
         if not 0.0 < config.turn_discount <= 1.0:
             raise ValueError(f"algorithm.multi_context.turn_discount must be in (0, 1], got {config.turn_discount}")
-        if config.on_nonfinite not in ON_NONFINITE:
-            raise ValueError(
-                f"algorithm.multi_context.on_nonfinite must be one of {list(ON_NONFINITE)}, got {config.on_nonfinite!r}"
-            )
+        require_choice("algorithm.multi_context.on_nonfinite", config.on_nonfinite, ON_NONFINITE)
         return config
