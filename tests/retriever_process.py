@@ -2,12 +2,16 @@
 
 Tests, benchmarks and scripts start servers the same way: the command gets `--port-file FILE`
 (with `--port 0` the server binds a free port and writes it there), and the server counts as up
-once `GET /health` answers 200. The child's stderr goes to a log file that start-up errors quote.
+once `GET /health` answers 200. The child's stderr goes to a log file that start-up errors quote; its
+folder is removed when the Python process that started the server exits (the log stays readable after
+`stop()`).
 """
 
 from __future__ import annotations
 
+import atexit
 import os
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -33,6 +37,7 @@ class ServerProcess:
 
     def __init__(self, command: list[str], *, timeout_s: float = 180.0, cwd: str | os.PathLike | None = None):
         work = Path(tempfile.mkdtemp(prefix="retriever_"))
+        atexit.register(shutil.rmtree, work, ignore_errors=True)
         port_file, self.log = work / "port", work / "server.log"
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         with self.log.open("wb") as log:
