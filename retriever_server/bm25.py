@@ -7,6 +7,7 @@ English analyser there)."""
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from collections.abc import Iterable
 from pathlib import Path
@@ -52,12 +53,26 @@ def build_bm25(store: CorpusStore, out_dir: Path, progress: BuildProgress) -> di
 BACKENDS = ("auto", "numba", "numpy")
 
 
+@functools.cache
+def cache_jit_compilations() -> None:
+    """Keep bm25s's numba compilations in numba's on-disk cache (beside bm25s, or in the user's cache
+    folder where that is read-only). bm25s compiles without it, so every search process, a restarted
+    one too, compiled the same functions again: 6 s on a quiet core, minutes on a starved machine."""
+    from bm25s.numba import retrieve_utils, selection
+    from numba.core.dispatcher import Dispatcher
+
+    for module in (retrieve_utils, selection):
+        for value in vars(module).values():
+            if isinstance(value, Dispatcher):
+                value.enable_caching()
+
+
 class BM25Index:
     """Searches a saved bm25s index; the score matrix stays memory-mapped on disk.
 
     Backend `auto` scores with numba when it is installed (a dependency of this project): many times
-    the queries/s of bm25s's numpy backend, at the price of a JIT compilation at start-up; `numpy`
-    starts at once.
+    the queries/s of bm25s's numpy backend, at the price of a JIT compilation the first time a
+    machine loads an index (cached on disk for the next processes); `numpy` starts at once.
     """
 
     def __init__(self, index_dir: Path, num_passages: int, *, backend: str = "auto"):
@@ -65,6 +80,8 @@ class BM25Index:
             raise ValueError(f"--bm25-backend: expected one of {BACKENDS}, got {backend!r}")
         if backend == "auto":
             backend = "numba" if importlib.util.find_spec("numba") else "numpy"
+        if backend == "numba":
+            cache_jit_compilations()
         self._retriever = bm25s.BM25.load(str(index_dir), mmap=True, show_progress=False, backend=backend)
         self._stemmer = Stemmer.Stemmer(LANGUAGE)
         self._num_passages = num_passages

@@ -21,10 +21,12 @@ import contextlib
 import multiprocessing
 import os
 import signal
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
+import tqdm
 
 from retriever_server.errors import IndexLoadError
 from retriever_server.index import Searcher
@@ -132,6 +134,9 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 def _serve_searches(pipe, index_dir: Path, options: LoadOptions, warm_up_depth: int) -> None:
     """The child: load, warm up, report ready (or the error), then answer batches until the pipe closes."""
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server decides
+    # bm25s makes a tqdm bar (hidden) per tokenize call, and tqdm's default lock holds a multiprocessing
+    # semaphore, which a killed process leaves to the resource tracker; one process needs a thread lock
+    tqdm.tqdm.set_lock(threading.RLock())
     try:
         searcher = Searcher(index_dir, options)
         searcher.search(["warm up"], warm_up_depth)  # JIT compilation and first-call costs before "ready"

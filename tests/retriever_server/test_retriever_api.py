@@ -237,3 +237,38 @@ def test_numba_scoring_answers_like_numpy(bm25_index_dir, questions):
         above_cut = scores > scores[-1] + 1e-4  # equal scores may come in either order
         assert set(rows_a[above_cut]) == set(rows_b[above_cut])
     assert (numpy_rows[-2:] == -1).all()  # nothing matches: no zero-score filler
+
+
+COMPILE_STATS = """
+import json, sys
+from pathlib import Path
+from bm25s.numba.retrieve_utils import _retrieve_internal_jitted_serial as scorer
+from retriever_server.bm25 import BM25Index
+
+BM25Index(Path(sys.argv[1]), 14230, backend="numba").search(["Toto band"], 10)
+print(json.dumps({"hits": sum(scorer.stats.cache_hits.values()), "misses": sum(scorer.stats.cache_misses.values())}))
+"""
+
+
+def test_numba_compilations_are_cached_for_the_next_process(bm25_index_dir, tmp_path):
+    """bm25s compiles without numba's disk cache; the index turns it on, so a second search process
+    (a restart) loads the scorer instead of compiling it for seconds."""
+    import subprocess
+    import sys
+
+    env = {"NUMBA_CACHE_DIR": str(tmp_path), "PATH": "/usr/bin:/bin"}
+    runs = [
+        json.loads(
+            subprocess.run(
+                [sys.executable, "-c", COMPILE_STATS, str(bm25_index_dir / "bm25")],
+                env=env,
+                capture_output=True,
+                text=True,
+                check=True,
+                timeout=300,
+            ).stdout
+        )
+        for _ in range(2)
+    ]
+    assert runs == [{"hits": 0, "misses": 1}, {"hits": 1, "misses": 0}]
+    assert list(tmp_path.rglob("*.nbi"))  # numba's index files, where NUMBA_CACHE_DIR says
