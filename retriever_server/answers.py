@@ -21,6 +21,7 @@ from fastapi.responses import StreamingResponse
 
 from retriever_server.corpus import CorpusStore
 from retriever_server.engine import Hits
+from retriever_server.heap import release_free_memory
 
 PIECE_DOCS = 512  # passages per piece: a few hundred KB of JSON
 JSON = "application/json"
@@ -49,10 +50,15 @@ class Answer:
         """`[item(docs, scores) of each query]` as JSON, `per_piece` queries at a time."""
         yield b"["
         for start in range(0, len(self.results), self.per_piece):
-            queries = self.read(self.results[start : start + self.per_piece], passages=passages)
-            piece = encode([item(docs, scores) for docs, scores in queries])[1:-1]
+            piece = self._piece(start, item, passages)
             yield piece if not start else b"," + piece
         yield b"]"
+
+    def _piece(self, start: int, item: Callable[[Docs, Scores], object], passages: bool) -> bytes:
+        """The JSON items of queries [start, start + per_piece), without the brackets. A function of its
+        own so that the passages read for it are freed before the piece waits for a slow client."""
+        queries = self.read(self.results[start : start + self.per_piece], passages=passages)
+        return encode([item(docs, scores) for docs, scores in queries])[1:-1]
 
     def respond(self, pieces: Iterable[bytes], on_done: Callable[[], None]) -> Response:
         """The answer whole if it is one piece's size, else streamed; `on_done` once it is all built."""
@@ -76,20 +82,23 @@ def scored_docs(docs: Docs, scores: Scores) -> list[dict]:
     return [{"document": doc, "score": score} for doc, score in zip(docs, scores, strict=True)]
 
 
-_building = asyncio.Semaphore(1)  # one piece is built at a time, whatever the number of answers under way
+_building = asyncio.Lock()  # held while a piece is built and for one turn of the loop after it
 
 
 async def _paced(pieces: Iterable[bytes], on_done: Callable[[], None]) -> AsyncIterator[bytes]:
-    """Yield each piece, built in turn with the other streamed answers' pieces (FIFO), so the loop
-    serves everything else between any two pieces: /health waits for one piece, not one per answer
-    under way. The `sleep(0)` also yields where nothing else streams (a socket that takes every
-    write at once would otherwise let the whole answer be built in one go)."""
+    """Yield each piece, built in turn with the other streamed answers' pieces (FIFO), one piece per
+    turn of the event loop whatever the number of answers under way: the lock is let go only after
+    the loop has gone round, so everything else (/health) is served between any two pieces and waits
+    for one piece at most. (Let go at once, 32 answers ready together built 32 pieces in one turn.)"""
     pieces = iter(pieces)
-    while True:
-        async with _building:
-            piece = next(pieces, None)
-        if piece is None:
-            break
-        yield piece
-        await asyncio.sleep(0)
-    on_done()
+    try:
+        while True:
+            async with _building:
+                piece = next(pieces, None)
+                await asyncio.sleep(0)
+            if piece is None:
+                break
+            yield piece
+        on_done()
+    finally:  # sent, or its client gone
+        release_free_memory()

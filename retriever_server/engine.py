@@ -27,7 +27,7 @@ from retriever_server.pool import SearchPool
 from retriever_server.search_process import SearchProcessDied
 
 _log = logging.getLogger("uvicorn.error")
-SUBMIT_CHUNK = 1024  # queries of one request looked up before the loop serves others
+SUBMIT_CHUNK = 1024  # queries of one request looked up (or collected) before the loop serves others
 
 
 class SearchFailed(RuntimeError):
@@ -101,8 +101,15 @@ class SearchEngine:
                     self._queues.append(queue)
                 self._waiting += len(queue) - before
                 self._wakeup.set()
-        # shield: one caller giving up must not cancel the future other callers share
-        return [w if isinstance(w, Hits) else await asyncio.shield(w) for w in waits]
+        results: list[Hits] = []
+        for start in range(0, len(waits), SUBMIT_CHUNK):
+            if start:
+                await asyncio.sleep(0)  # the futures of a 16,384-query request, collected in one step, held the loop
+            # shield: one caller giving up must not cancel the future other callers share
+            results += [
+                w if isinstance(w, Hits) else await asyncio.shield(w) for w in waits[start : start + SUBMIT_CHUNK]
+            ]
+        return results
 
     def _lookup(self, query: str, queue: deque[str]) -> Hits | asyncio.Future[Hits]:
         if self._cache is not None and (hits := self._cache.get(query)) is not None:
