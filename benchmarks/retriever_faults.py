@@ -39,6 +39,7 @@ import http.client
 import json
 import multiprocessing
 import os
+import re
 import signal
 import sys
 import tempfile
@@ -57,6 +58,7 @@ from retriever_process import ServerProcess, serve_command  # noqa: E402  (retri
 
 TOPK = 3
 CRASH_WINDOW_S = 10.0  # the server's default --crash-window-s
+RESTARTED = re.compile(r" restarted \(pid \d+\) in ([\d.]+) s")  # the server's log line of a restart
 PROMPTS, SAMPLES = 512, 5  # Search-R1's train_grpo.sh: one request per turn of 512 x 5 queries
 SINGLE_CONNECTIONS = 256
 
@@ -332,14 +334,17 @@ def run_kind(index_dir: Path, args: argparse.Namespace, report: dict, kind: str)
         "rss_mb_end": rss_end,
         "log_deaths": sum(" died " in line for line in log),
         "log_restarts": sum(" restarted " in line for line in log),
+        "restart_s": [float(m.group(1)) for line in log if (m := RESTARTED.search(line))],
         "log_tracebacks": sum("Traceback" in line for line in log),
+        "log_leaked_semaphores": sum("leaked semaphore" in line for line in log),
     }
     counts = report[kind]
     for name, result in phases.items():
         print(f"{kind} {name:6s} /health {json.dumps(result['health'])}", flush=True)
     print(
         f"{kind} rss {rss_start} -> {rss_end} MB; log: {counts['log_deaths']} deaths, "
-        f"{counts['log_restarts']} restarts, {counts['log_tracebacks']} tracebacks",
+        f"{counts['log_restarts']} restarts (seconds {counts['restart_s']}), {counts['log_tracebacks']} tracebacks, "
+        f"{counts['log_leaked_semaphores']} leaked-semaphore warnings",
         flush=True,
     )
 
@@ -384,6 +389,7 @@ def headline(report: dict) -> dict:
         out[f"{kind}_retried_queries"] = result["phases"]["kills"]["retried"]
         out[f"{kind}_large_16384_s"] = result["phases"]["slow"]["large"]["seconds"]
         out[f"{kind}_rss_end_over_start"] = round(result["rss_mb_end"] / result["rss_mb_start"], 3)
+        out[f"{kind}_restart_s_max"] = max(result["restart_s"], default=None)
         out[f"{kind}_log_tracebacks"] = result["log_tracebacks"]
         out[f"{kind}_targets_met"] = (
             all(well_behaved_errors(phase) == 0 for phase in result["phases"].values())
