@@ -333,7 +333,6 @@ def run_kind(index_dir: Path, args: argparse.Namespace, report: dict, kind: str)
         "rss_mb_start": rss_start,
         "rss_mb_end": rss_end,
         "log_deaths": sum(" died " in line for line in log),
-        "log_restarts": sum(" restarted " in line for line in log),
         "restart_s": [float(m.group(1)) for line in log if (m := RESTARTED.search(line))],
         "log_tracebacks": sum("Traceback" in line for line in log),
         "log_leaked_semaphores": sum("leaked semaphore" in line for line in log),
@@ -343,7 +342,7 @@ def run_kind(index_dir: Path, args: argparse.Namespace, report: dict, kind: str)
         print(f"{kind} {name:6s} /health {json.dumps(result['health'])}", flush=True)
     print(
         f"{kind} rss {rss_start} -> {rss_end} MB; log: {counts['log_deaths']} deaths, "
-        f"{counts['log_restarts']} restarts (seconds {counts['restart_s']}), {counts['log_tracebacks']} tracebacks, "
+        f"{len(counts['restart_s'])} restarts (seconds {counts['restart_s']}), {counts['log_tracebacks']} tracebacks, "
         f"{counts['log_leaked_semaphores']} leaked-semaphore warnings",
         flush=True,
     )

@@ -18,7 +18,9 @@ import asyncio
 import logging
 import time
 from collections import deque
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, field
+from typing import TypeVar
 
 import cachetools
 import numpy as np
@@ -27,7 +29,8 @@ from retriever_server.pool import SearchPool
 from retriever_server.search_process import SearchProcessDied
 
 _log = logging.getLogger("uvicorn.error")
-SUBMIT_CHUNK = 1024  # queries of one request looked up (or collected) before the loop serves others
+SUBMIT_CHUNK = 1024  # queries of one request looked up, or answers collected, before the loop serves others
+T = TypeVar("T")
 
 
 class SearchFailed(RuntimeError):
@@ -91,24 +94,18 @@ class SearchEngine:
         self.stats.queries += len(queries)
         waits: list[Hits | asyncio.Future[Hits]] = []
         queue: deque[str] = deque()
-        for start in range(0, len(queries), SUBMIT_CHUNK):
-            if start:
-                await asyncio.sleep(0)  # a long request lets other requests in between its chunks
+        async for chunk in _in_turns(queries):
             before = len(queue)
-            waits += [self._lookup(query, queue) for query in queries[start : start + SUBMIT_CHUNK]]
+            waits += [self._lookup(query, queue) for query in chunk]
             if len(queue) > before:
                 if not before:  # a queue waits in `_queues` exactly while it holds queries
                     self._queues.append(queue)
                 self._waiting += len(queue) - before
                 self._wakeup.set()
         results: list[Hits] = []
-        for start in range(0, len(waits), SUBMIT_CHUNK):
-            if start:
-                await asyncio.sleep(0)  # the futures of a 16,384-query request, collected in one step, held the loop
+        async for chunk in _in_turns(waits):
             # shield: one caller giving up must not cancel the future other callers share
-            results += [
-                w if isinstance(w, Hits) else await asyncio.shield(w) for w in waits[start : start + SUBMIT_CHUNK]
-            ]
+            results += [w if isinstance(w, Hits) else await asyncio.shield(w) for w in chunk]
         return results
 
     def _lookup(self, query: str, queue: deque[str]) -> Hits | asyncio.Future[Hits]:
@@ -194,6 +191,15 @@ class SearchEngine:
         for worker in self._workers:
             worker.cancel()
         self.pool.close()
+
+
+async def _in_turns(items: list[T]) -> AsyncIterator[list[T]]:
+    """`items` SUBMIT_CHUNK at a time, the loop serving other requests between chunks: a 16,384-query
+    request, looked up or collected in one step, held the loop for all of it."""
+    for start in range(0, len(items), SUBMIT_CHUNK):
+        if start:
+            await asyncio.sleep(0)
+        yield items[start : start + SUBMIT_CHUNK]
 
 
 def _settle(future: asyncio.Future, *, result: Hits | None = None, error: Exception | None = None) -> None:

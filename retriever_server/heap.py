@@ -24,14 +24,13 @@ def _malloc_trim():
     return trim
 
 
-_pending: set[asyncio.Future] = set()
+_trimming: asyncio.Future | None = None
 
 
 def release_free_memory() -> None:
     """Trim the heap in a worker thread (ctypes lets go of the GIL), once however many answers end at once."""
+    global _trimming
     trim = _malloc_trim()
-    if trim is None or _pending:
+    if trim is None or (_trimming is not None and not _trimming.done()):
         return
-    future = asyncio.get_running_loop().run_in_executor(None, trim, 0)
-    _pending.add(future)
-    future.add_done_callback(_pending.discard)
+    _trimming = asyncio.get_running_loop().run_in_executor(None, trim, 0)
