@@ -8,8 +8,8 @@ assertions are the same for both. About 95-120 s per agent with `hf` on 2 cores,
 That the trainer trains on the tokens the rollout sampled, with the log-probs it returned, is checked
 with verl's `training/rollout_probs_diff_max`: the largest gap, over every sampled token of a step,
 between the probability the rollout server reported and the one the FSDP actor recomputes for the
-token in its batch. Both sides run in fp32 (the CPU recipes' dtype) so that the gap is float noise; on this
-near-uniform tiny model (p ~ 1/4096, log-probs spread by 0.23 across the vocabulary) a token the
+token in its batch. Both sides run in fp32 (recipes/cpu/cpu.yaml) so that the gap is float noise; on
+this near-uniform tiny model (p ~ 1/4096, log-probs spread by 0.23 across the vocabulary) a token the
 rollout had not sampled, or a log-prob of another position, is off by 8e-5 on average, and by less
 than the bound with a chance of about 1e-4. The same bound checks the weight sync at step 2: a
 rollout left on the initial weights while the actor has taken an Adam step (lr 1e-4) is off by up to

@@ -13,6 +13,7 @@ from collections import defaultdict
 from pathlib import Path
 from statistics import fmean, stdev
 
+import numpy as np
 import pandas as pd
 import pytest
 from browsing import choose, open_page, wait_ready
@@ -24,7 +25,6 @@ pytestmark = pytest.mark.slow  # verl's main_ppo runs on CPU
 
 RUN = Path(__file__).resolve().parents[2] / "recipes" / "cpu" / "run.sh"
 EPS = 1e-6  # multi_context_grpo's epsilon
-FLOAT32_EPS = 2.0**-23
 
 
 @pytest.fixture(scope="module")
@@ -78,7 +78,7 @@ def float32_tolerance(rewards: list[float]) -> float:
     """How far float32 GRPO may sit from the float64 one above: verl holds rewards and their mean in float32, and
     rounding them (a few ulps of the largest reward) is magnified by 1 / std when rewards lie close together."""
     spread = stdev(rewards) if len(set(rewards)) > 1 else 1.0
-    return 1e-6 + 8 * FLOAT32_EPS * max(map(abs, rewards)) / (spread + EPS)
+    return 1e-6 + 8 * float(np.finfo(np.float32).eps) * max(map(abs, rewards)) / (spread + EPS)
 
 
 def test_training_records_are_the_trained_samples_with_their_reward_and_advantage(run, tokenizer):
