@@ -3,8 +3,11 @@
 #   recipes/cpu/run.sh memsearcher|mem1|react [hydra overrides...]
 # Builds (once) the tiny model and the BM25 index of the bundled corpus, starts the retriever on a
 # free loopback port, writes the training parquet, runs `python -m verl.trainer.main_ppo` with
-# recipes/cpu/<agent>.yaml and stops the retriever. Outputs go to $WORK (default outputs/cpu/<agent>):
-# metrics.jsonl (one line per step), checkpoints/, retriever.log.
+# recipes/cpu/<agent>.yaml through the recipes' launcher (recipes/common/launch.sh) and stops the
+# retriever. Outputs go to $WORK (default outputs/cpu/<agent>): metrics.jsonl (one line per step),
+# checkpoints/, retriever.log. Topology as for the GPU recipes: N_GPUS_PER_NODE data-parallel ranks
+# [1] on each of NNODES nodes [1], the run submitted to the Ray cluster at RAY_ADDRESS if set
+# (recipes/cpu/ray_cluster.sh starts one on this machine); Ray's resources follow from them.
 set -euo pipefail
 
 AGENT=${1:?usage: recipes/cpu/run.sh memsearcher|mem1|react [hydra overrides...]}
@@ -30,11 +33,10 @@ start_retriever "$CACHE/bm25" "$WORK"
 
 verl-memagent prepare --input "$QA" --agent "$AGENT" --out "$WORK/train.parquet" --seed 0 "${PREPARE[@]}"
 
-VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" python -m verl.trainer.main_ppo \
-  --config-path="$HERE" --config-name="$AGENT" \
-  actor_rollout_ref.model.path="$CACHE/model" \
-  data.train_files="$WORK/train.parquet" \
-  data.val_files="$WORK/train.parquet" \
-  actor_rollout_ref.rollout.agent.agent_loop_config_path="$HERE/agent_loops.yaml" \
-  trainer.default_local_dir="$WORK/checkpoints" \
-  "$@"
+# the test set is the training set: validation shows what the run learned on its own questions
+cp "$WORK/train.parquet" "$WORK/test.parquet"
+export VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl"
+source "$HERE/../common/launch.sh"
+MODEL_PATH="$CACHE/model" DATA_DIR="$WORK" AGENT_LOOPS_YAML="$HERE/agent_loops.yaml" \
+  N_GPUS_PER_NODE=${N_GPUS_PER_NODE:-1} PYTHON=python launch_main_ppo "$HERE" "$AGENT" \
+  trainer.default_local_dir="$WORK/checkpoints" "$@"

@@ -94,20 +94,14 @@ def _sdpa_value_model(model: ModuleType) -> None:
 
 
 def ray_cpus_needed(transfer_queue_conf) -> tuple[int, str]:
-    """Logical CPUs a CPU run of the V1 trainer holds in Ray, and how that number is made up."""
-    from verl.single_controller.ray.base import ResourcePoolManager
+    """Logical CPUs a CPU run of the V1 trainer holds in Ray (`topology.ray_cpus_needed` for the
+    logical GPUs Ray has), and how that number is made up."""
+    from verl_memagent.cpu import topology
 
     gpus = int(ray_cluster_resources().get("GPU", 0))
     backend = transfer_queue_conf.backend
     storage = backend.SimpleStorage.num_data_storage_units if backend.storage_backend == "SimpleStorage" else 0
-    per_worker = ResourcePoolManager.max_colocate_count
-    needed = 1 + storage + per_worker * gpus + 1
-    how = (
-        f"1 TransferQueue controller + {storage} storage units (transfer_queue.backend.SimpleStorage."
-        f"num_data_storage_units) + {per_worker} per trainer worker x {gpus} logical GPUs + 1 to place the "
-        "rollout, agent-loop and reward actors"
-    )
-    return needed, how
+    return topology.ray_cpus_needed(gpus, storage), topology.describe_ray_cpus(gpus, storage)
 
 
 def ray_cluster_resources() -> dict[str, float]:

@@ -1,0 +1,58 @@
+"""Ray's resources for a CPU run are derived from its topology, the way the launchers ask for them."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import pytest
+
+from verl_memagent.cpu.topology import CPUS_PER_TRAINER_WORKER, Topology, hydra_overrides, ray_cpus_needed
+
+
+def test_cpus_per_worker_is_verls_placement_bundle():
+    from verl.single_controller.ray.base import ResourcePoolManager
+
+    assert ResourcePoolManager.max_colocate_count == CPUS_PER_TRAINER_WORKER
+
+
+@pytest.mark.parametrize(
+    ("n_gpus_per_node", "nnodes", "local_cpus", "node_cpus"),
+    # controller 1 + storage 1 + 3 per worker + 1 free; a node of a cluster counts only its own workers
+    [(1, 1, 6, 6), (2, 1, 9, 9), (8, 1, 27, 27), (1, 2, 9, 6), (2, 2, 15, 9)],
+)
+def test_resources_by_hand(n_gpus_per_node, nnodes, local_cpus, node_cpus):
+    topology = Topology(n_gpus_per_node, nnodes)
+    assert topology.ranks == n_gpus_per_node * nnodes
+    assert topology.local_ray() == {"num_cpus": local_cpus, "num_gpus": n_gpus_per_node * nnodes}
+    assert topology.node() == {"num_cpus": node_cpus, "num_gpus": n_gpus_per_node}
+    # the nodes of a cluster hold at least what one local Ray of the same ranks would
+    assert topology.node()["num_cpus"] * nnodes >= topology.local_ray()["num_cpus"]
+    assert ray_cpus_needed(2, storage_units=8) == 1 + 8 + 6 + 1
+
+
+def test_hydra_overrides_local_and_in_a_cluster():
+    assert hydra_overrides(Topology(2), cluster=False) == [
+        "ray_kwargs.ray_init.num_cpus=9",
+        "ray_kwargs.ray_init.num_gpus=2",
+    ]
+    # ray.init refuses resources when it joins a running cluster: the nodes declared theirs
+    assert hydra_overrides(Topology(1, 2), cluster=True) == [
+        "ray_kwargs.ray_init.num_cpus=null",
+        "ray_kwargs.ray_init.num_gpus=null",
+    ]
+
+
+def test_command_line_and_its_errors():
+    def run(*args):
+        return subprocess.run(
+            [sys.executable, "-m", "verl_memagent.cpu.topology", *args], capture_output=True, text=True
+        )
+
+    done = run("ray-start", "--n-gpus-per-node", "2")
+    assert done.returncode == 0 and done.stdout.split() == ["--num-cpus=9", "--num-gpus=2"]
+    done = run("hydra", "--n-gpus-per-node", "0")
+    assert done.returncode == 2 and "n_gpus_per_node must be at least 1, got 0" in done.stderr
+    # the launchers call it before every run: it loads neither verl nor torch
+    probe = "import sys, verl_memagent.cpu.topology; print(sorted({'verl', 'torch', 'ray'} & set(sys.modules)))"
+    assert subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True).stdout.strip() == "[]"
