@@ -88,7 +88,8 @@ def put_rows(partition: str, keys: list[str], masks: list[list[int]], advantages
     for name in ("old_log_probs", "returns", "values"):
         fields[name] = [torch.zeros(len(m)) for m in rows]
     nested = {name: torch.nested.as_nested_tensor(v, layout=torch.jagged) for name, v in fields.items()}
-    tags = [{"is_padding": i in padding} for i in range(len(keys))]
+    nested["index"] = torch.arange(len(keys))  # the prompts' dataset index: their order in the data
+    tags = [{"is_padding": i in padding, "seq_len": 8 + len(mask)} for i, mask in enumerate(masks)]
     tq.kv_batch_put(keys=keys, partition_id=partition, fields=TensorDict(nested, batch_size=len(keys)), tags=tags)
     return KVBatchMeta(keys=keys, tags=tags, partition_id=partition)
 
@@ -214,7 +215,7 @@ def test_padding_is_dealt_over_the_steps_so_that_no_step_trains_on_padding_alone
     metrics: dict = {}
     trainer._update_actor(_rows("spread", real=5, padding=3), metrics)
     (keys,) = trainer.actor_rollout_wg.keys
-    assert keys == ["u0_0_0", "u1_0_0", "pad0_0_0", "pad1_0_0", "u2_0_0", "u3_0_0", "u4_0_0", "pad2_0_0"]
+    assert keys == ["u0_0_0", "u1_0_0", "u2_0_0", "pad0_0_0", "u3_0_0", "u4_0_0", "pad1_0_0", "pad2_0_0"]
     assert metrics["multi_context/actor_steps"] == 2
 
     # verl's own split (steps of ppo_mini_batch_size x n = 8 rows): its third step is padding only, loss 0/0

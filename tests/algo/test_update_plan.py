@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from verl_memagent.algo.update_plan import (
+    data_order,
     describe,
     empty_steps,
     nonfinite_steps,
@@ -14,35 +15,76 @@ from verl_memagent.algo.update_plan import (
     zero_advantage_steps,
 )
 
+
+def plan(padding, dp_size, rows_per_step, micro_batch_size=1, spread_padding=False, data_order=None, lengths=None):
+    rows = len(padding)
+    data_order = list(range(rows)) if data_order is None else data_order
+    lengths = [10] * rows if lengths is None else lengths
+    return plan_update(padding, data_order, lengths, dp_size, rows_per_step, micro_batch_size, spread_padding)
+
+
 # 6 real rows, then verl's padding appended: 2 ranks x 2 steps x 3 rows
 PADDING = [False] * 6 + [True] * 6
 
 
-def test_without_spreading_the_split_is_verls_contiguous_one():
-    plan = plan_update(PADDING, dp_size=2, rows_per_step=3, micro_batch_size=1, spread_padding=False)
-    assert plan.steps == 2
-    # rank 0 gets rows 0-5 (steps [0,1,2], [3,4,5]), rank 1 rows 6-11; a step is both ranks' share
-    assert plan.step_rows(0).tolist() == [0, 1, 2, 6, 7, 8]
-    assert plan.step_rows(1).tolist() == [3, 4, 5, 9, 10, 11]
-    assert plan.position(4) == (0, 1, 1)
-    assert plan.position(9) == (1, 1, 0)
+def test_steps_are_cut_in_the_data_order_whatever_the_batch_order():
+    # the batch holds the rows as verl balanced them; the data order is 5, 4, 3, 2, 1, 0
+    split = plan(PADDING, dp_size=2, rows_per_step=3, data_order=[5, 4, 3, 2, 1, 0] + [0] * 6)
+    assert split.steps == 2
+    # released count: the first step is full of real rows (the first six in data order), the second padding
+    assert sorted(split.step_rows(0).tolist()) == [0, 1, 2, 3, 4, 5]
+    assert sorted(split.step_rows(1).tolist()) == [6, 7, 8, 9, 10, 11]
+    # rank 0 gets 3 rows of each step, keeping the data order; equal lengths alternate between the ranks
+    assert split.order.tolist() == [5, 3, 1, 6, 8, 10, 4, 2, 0, 7, 9, 11]
+    assert split.position(3) == (0, 0, 1)
+    assert split.position(9) == (1, 1, 1)
 
 
-def test_spreading_deals_each_ranks_padding_over_its_steps():
-    padding = [False, False, False, False, False, True, True, True] + [False, False, True, True, True, True, True, True]
-    plan = plan_update(padding, dp_size=2, rows_per_step=4, micro_batch_size=2, spread_padding=True)
-    # rank 0: 5 real + 3 padding -> steps of 2 real + 2 padding and 3 + 1; rank 1: 2 real + 6 padding -> 1 + 3 each
-    assert plan.order.tolist() == [0, 1, 5, 6, 2, 3, 4, 7, 8, 10, 11, 12, 9, 13, 14, 15]
-    assert plan.step_rows(0).tolist() == [0, 1, 5, 6, 8, 10, 11, 12]
-    assert plan.keeping([1]).tolist() == [2, 3, 4, 7, 9, 13, 14, 15]
-    assert sorted(plan.order.tolist()) == list(range(16))
+def test_the_same_rows_share_a_step_on_one_rank_and_on_two():
+    padding = [False] * 10 + [True] * 2
+    lengths = [30, 5, 17, 9, 22, 11, 8, 40, 3, 12, 1, 1]
+    data_order = [3, 0, 7, 1, 9, 4, 2, 8, 5, 6, 0, 0]
+    for spread in (False, True):
+        one = plan(padding, 1, 4, 1, spread, data_order, lengths)
+        two = plan(padding, 2, 2, 1, spread, data_order, lengths)
+        assert [set(one.step_rows(s)) for s in range(3)] == [set(two.step_rows(s)) for s in range(3)]
+
+
+def test_a_steps_rows_are_balanced_over_the_ranks_by_tokens():
+    # one step of 4 rows on 2 ranks: the longest (9) to rank 0, 7 to rank 1, 5 to rank 1, 3 to rank 0
+    split = plan([False] * 4, dp_size=2, rows_per_step=2, lengths=[3, 9, 5, 7])
+    assert split.order.tolist() == [0, 1, 2, 3]
+    assert split.order.reshape(2, 2).tolist() == [[0, 1], [2, 3]]  # tokens 12 and 12
+
+
+def test_spreading_deals_the_padding_over_the_steps():
+    padding = [False] * 5 + [True] * 3
+    split = plan(
+        padding,
+        dp_size=2,
+        rows_per_step=2,
+        micro_batch_size=None,
+        spread_padding=True,
+        lengths=[1, 2, 3, 4, 5, 0, 0, 0],
+    )
+    # 5 real rows over 2 steps: 3 and 2, each step filled up with padding
+    assert [sorted(split.step_rows(s).tolist()) for s in range(2)] == [[0, 1, 2, 5], [3, 4, 6, 7]]
+    assert split.keeping([1]).tolist() == [4, 7, 3, 6]
+    assert sorted(split.order.tolist()) == list(range(8))
+
+
+def test_the_data_order_is_prompt_trajectory_turn_with_padding_last():
+    keys = ["b_1_0", "a_0_1", "pad_0_0", "a_0_0", "b_0_0", "c_0_0"]
+    padding = [False, False, True, False, False, False]
+    # prompt a has dataset index 0, b and c index 1 (then by uid)
+    assert data_order(keys, padding, [1, 0, 99, 0, 1, 1]).tolist() == [3, 1, 5, 0, 2, 4]
 
 
 def test_a_plan_needs_whole_steps_and_micro_batches():
     with pytest.raises(ValueError, match="do not split into steps"):
-        plan_update([False] * 10, dp_size=2, rows_per_step=3, micro_batch_size=1, spread_padding=True)
+        plan([False] * 10, dp_size=2, rows_per_step=3, spread_padding=True)
     with pytest.raises(ValueError, match="micro-batches of 2"):
-        plan_update([False] * 6, dp_size=1, rows_per_step=3, micro_batch_size=2, spread_padding=True)
+        plan([False] * 6, dp_size=1, rows_per_step=3, micro_batch_size=2, spread_padding=True)
 
 
 def _mask(rows: int, width: int = 3) -> torch.Tensor:
@@ -52,18 +94,18 @@ def _mask(rows: int, width: int = 3) -> torch.Tensor:
 def test_a_step_of_padding_only_has_no_loss_token_until_the_padding_is_spread():
     mask = _mask(12)
     mask[6:] = 0  # verl's padding rows have no loss token
-    verl_split = plan_update(PADDING, dp_size=1, rows_per_step=3, micro_batch_size=1, spread_padding=False)
+    verl_split = plan(PADDING, dp_size=1, rows_per_step=3, micro_batch_size=1, spread_padding=False)
     assert [(p.step, p.reason, p.rows.tolist()) for p in empty_steps(verl_split, mask)] == [
         (2, "no loss token", [6, 7, 8]),
         (3, "no loss token", [9, 10, 11]),
     ]
-    spread = plan_update(PADDING, dp_size=1, rows_per_step=3, micro_batch_size=1, spread_padding=True)
-    assert [mask[spread.step_rows(step)].any(-1).sum().item() for step in range(4)] == [1, 1, 2, 2]
+    spread = plan(PADDING, dp_size=1, rows_per_step=3, micro_batch_size=1, spread_padding=True)
+    assert [mask[spread.step_rows(step)].any(-1).sum().item() for step in range(4)] == [2, 2, 1, 1]
     assert empty_steps(spread, mask) == []
 
 
 def test_nonfinite_values_count_only_at_loss_tokens():
-    plan = plan_update([False] * 4, dp_size=1, rows_per_step=2, micro_batch_size=1, spread_padding=False)
+    split = plan([False] * 4, dp_size=1, rows_per_step=2, micro_batch_size=1, spread_padding=False)
     mask = _mask(4)
     mask[3, 2] = 0
     advantages = torch.zeros(4, 3)
@@ -71,27 +113,27 @@ def test_nonfinite_values_count_only_at_loss_tokens():
     advantages[3, 2] = float("inf")  # outside the mask: never trained on
     log_probs = torch.zeros(4, 3)
     log_probs[2, 1] = -float("inf")
-    problems = nonfinite_steps(plan, mask, {"advantages": advantages, "old_log_probs": log_probs})
+    problems = nonfinite_steps(split, mask, {"advantages": advantages, "old_log_probs": log_probs})
     assert [(p.step, p.reason, p.rows.tolist()) for p in problems] == [
         (0, "advantages not finite", [1]),
         (1, "old_log_probs not finite", [2]),
     ]
     keys = ["u1_0_0", "u1_0_1", "u2_0_0", "u2_1_0"]
-    assert describe(problems[0], plan, keys, "step 6, actor update") == (
+    assert describe(problems[0], split, keys, "step 6, actor update") == (
         "step 6, actor update, optimizer step 1 of 2: advantages not finite in 1 rows: u1_0_1 (rank 0, micro-batch 1)"
     )
 
 
 def test_zero_advantage_steps_are_those_with_no_signal_at_any_loss_token():
-    plan = plan_update([False] * 6, dp_size=1, rows_per_step=2, micro_batch_size=2, spread_padding=False)
+    split = plan([False] * 6, dp_size=1, rows_per_step=2, micro_batch_size=2, spread_padding=False)
     mask = _mask(6)
     mask[3] = 0
     advantages = torch.zeros(6, 3)
     advantages[0, 1] = 0.5  # step 0 learns
     advantages[3, 0] = -1.0  # step 1: a signal outside the mask only
-    zero = zero_advantage_steps(plan, mask, advantages)
+    zero = zero_advantage_steps(split, mask, advantages)
     assert [(p.step, p.rows.tolist()) for p in zero] == [(1, [2, 3]), (2, [4, 5])]
-    assert np.array_equal(plan.keeping([0]), [0, 1])
+    assert np.array_equal(split.keeping([0]), [0, 1])
 
 
 def test_the_main_jobs_collapsed_step_would_end_in_a_step_of_padding_alone():
@@ -100,8 +142,8 @@ def test_the_main_jobs_collapsed_step_would_end_in_a_step_of_padding_alone():
     padding = [False] * 68 + [True] * 28
     mask = _mask(96)
     mask[68:] = 0
-    verl_split = plan_update(padding, dp_size=1, rows_per_step=24, micro_batch_size=8, spread_padding=False)
+    verl_split = plan(padding, dp_size=1, rows_per_step=24, micro_batch_size=8, spread_padding=False)
     assert [(p.step, p.reason, len(p.rows)) for p in empty_steps(verl_split, mask)] == [(3, "no loss token", 24)]
-    spread = plan_update(padding, dp_size=1, rows_per_step=24, micro_batch_size=8, spread_padding=True)
+    spread = plan(padding, dp_size=1, rows_per_step=24, micro_batch_size=8, spread_padding=True)
     assert [mask[spread.step_rows(step)].any(-1).sum().item() for step in range(4)] == [17, 17, 17, 17]
     assert empty_steps(spread, mask) == []

@@ -11,9 +11,10 @@ The update steps keep the number of optimizer steps per training step fixed by c
 (`algorithm.multi_context.fixed_optimizer_steps`): verl sizes a PPO mini-batch in samples
 (`ppo_mini_batch_size * rollout.n`), so trajectories with K turns would make K times the steps.
 
-`AgentMetricsMixin` adds what the agent did (searches, finish reasons, memory, ...) to verl's metrics
-of every training step and validation; `TrajectoryRecordsMixin` writes a sample of whole trajectories
-(`verl_memagent.algo.trajectory_records`).
+`ResumeMixin` (`verl_memagent.algo.resume`) keeps the run's metrics file and trajectory records in step
+with the checkpoint a run resumes from. `AgentMetricsMixin` adds what the agent did (searches, finish
+reasons, memory, ...) to verl's metrics of every training step and validation; `TrajectoryRecordsMixin`
+writes a sample of whole trajectories (`verl_memagent.algo.trajectory_records`).
 """
 
 from __future__ import annotations
@@ -40,9 +41,11 @@ from verl.utils.debug import marked_timer
 from verl_memagent.algo.agent_metrics import agent_metrics, agent_metrics_by_source
 from verl_memagent.algo.config import GAE, GRPO, MultiContextConfig
 from verl_memagent.algo.estimators import TrajectoryLayout, rows_off_their_trajectory
+from verl_memagent.algo.resume import ResumeMixin
 from verl_memagent.algo.trajectory_records import TrajectoryRecorder
 from verl_memagent.algo.update_plan import (
     UpdatePlan,
+    data_order,
     describe,
     empty_steps,
     nonfinite_steps,
@@ -217,7 +220,15 @@ class MultiContextTrainerMixin:
         dp_size = self._dp_size(role.group, role.mesh)
         micro = None if section.get("use_dynamic_bsz", False) else section.ppo_micro_batch_size_per_gpu
         padding = [tag.get("is_padding", False) for tag in batch.tags]
-        plan = plan_update(padding, dp_size, per_step // dp_size, micro, self.multi_context.fixed_optimizer_steps)
+        plan = plan_update(
+            padding,
+            self._data_order(batch, padding),
+            [tag["seq_len"] for tag in batch.tags],
+            dp_size,
+            per_step // dp_size,
+            micro,
+            spread_padding=self.multi_context.fixed_optimizer_steps,
+        )
         data = tq.kv_batch_get(
             keys=batch.keys, partition_id=batch.partition_id, select_fields=["response_mask", *role.fields]
         ).to_padded_tensor()
@@ -250,6 +261,14 @@ class MultiContextTrainerMixin:
             update(steps, metrics)
         self._check_losses(role, outputs, plan, kept, batch.keys, what)
         return batch
+
+    def _data_order(self, batch: KVBatchMeta, padding: list[bool]) -> np.ndarray:
+        """The rows' rank in the data's order (`update_plan.data_order`), from their sample keys and the
+        dataset `index` of their prompt."""
+        real = [key for key, pad in zip(batch.keys, padding, strict=True) if not pad]
+        data = tq.kv_batch_get(keys=real, partition_id=batch.partition_id, select_fields=["index"])
+        index = iter(list(data["index"]))  # a tensor, or TransferQueue's list of a non-tensor column
+        return data_order(batch.keys, padding, [0 if pad else int(next(index)) for pad in padding])
 
     def _check_losses(self, role: _Role, outputs: list, plan: UpdatePlan, kept: list[int], keys, what: str) -> None:
         """A loss the workers report as NaN or infinite came from the model's log-probs or the critic's
@@ -387,19 +406,21 @@ def reading_validation_batches(trainer, read: Callable[[KVBatchMeta], None]) -> 
 
 
 @register_trainer("memagent_sync")
-class MultiContextTrainerSync(TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync):
+class MultiContextTrainerSync(
+    ResumeMixin, TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync
+):
     base_mode = "sync"
 
 
 @register_trainer("memagent_colocate_async")
 class MultiContextTrainerColocateAsync(
-    TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync
+    ResumeMixin, TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync
 ):
     base_mode = "colocate_async"
 
 
 @register_trainer("memagent_separate_async")
 class MultiContextTrainerSeparateAsync(
-    TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync
+    ResumeMixin, TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync
 ):
     base_mode = "separate_async"

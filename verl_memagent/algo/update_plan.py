@@ -3,9 +3,15 @@
 verl's workers split the batch of an update contiguously: into `dp` equal chunks, one per
 data-parallel rank (the single controller's dispatch), each chunk into mini-batches of
 `ppo_mini_batch_size * rollout.n / dp` rows (one optimizer step each, all ranks stepping together;
-`actor.shuffle: false`, verl's default), each mini-batch into micro-batches. `UpdatePlan` mirrors
-that split, so that the trainer can look at the rows of every optimizer step before the workers do:
+`actor.shuffle: false`, verl's default), each mini-batch into micro-batches. `UpdatePlan` is that
+split, made here so that the trainer decides which rows share an optimizer step and can look at the
+rows of every step before the workers do:
 
+- Which rows share a step does not depend on the number of ranks, nor on the order in which the
+  rollouts finished: the real rows are taken in the data's order (prompt, trajectory, turn) and cut
+  into consecutive steps; only then is each step's share dealt over the ranks, balanced by tokens.
+  verl's own split follows its sequence-length balancing over ranks (`_balance_batch`), so one
+  batch trained at dp=1 and dp=2 made different optimizer steps.
 - A step whose rows hold no loss token (only verl's padding rows, which have none) has the loss
   0 / 0 = NaN with a zero gradient, and the optimizer still moves the policy by Adam's momentum and
   weight decay. verl means padding to be a no-op, so such steps are never sent.
@@ -59,13 +65,23 @@ class UpdatePlan:
 
 
 def plan_update(
-    is_padding: Sequence[bool], dp_size: int, rows_per_step: int, micro_batch_size: int | None, spread_padding: bool
+    is_padding: Sequence[bool],
+    data_order: Sequence[int],
+    lengths: Sequence[int],
+    dp_size: int,
+    rows_per_step: int,
+    micro_batch_size: int | None,
+    spread_padding: bool,
 ) -> UpdatePlan:
-    """The split of a batch (already padded and ordered by verl for balance) into optimizer steps.
+    """The split of a padded batch into optimizer steps, and of each step over the ranks.
 
-    With `spread_padding`, each rank's padding rows are dealt out over its steps, so every step holds
-    as many real rows as the others, give or take one, instead of the last steps holding the padding
-    (verl appends it). Real rows keep their order.
+    `data_order[i]` ranks row i in the data's order (padding rows' values are not read), `lengths[i]`
+    its tokens. Real rows fill the steps in that order: consecutively, each step full but the last
+    (verl's and the released count), or with `spread_padding` as evenly as they go, every step holding
+    as many real rows as the others give or take one (a fixed number of steps never ends in a step of
+    one row, or of padding alone). Padding fills each step up. Each step's rows are then dealt over
+    the ranks, the longest first to the rank with the fewest tokens, so that the ranks of a step
+    finish together; a rank's rows keep the data order.
     """
     padding = np.asarray(is_padding, dtype=bool)
     rows = padding.size
@@ -73,22 +89,47 @@ def plan_update(
         raise ValueError(f"{rows} rows do not split into steps of {rows_per_step} rows on {dp_size} ranks")
     if micro_batch_size is not None and rows_per_step % micro_batch_size:
         raise ValueError(f"{rows_per_step} rows per step do not split into micro-batches of {micro_batch_size}")
-    order = np.arange(rows, dtype=np.int64)
+    steps, per_step = rows // (dp_size * rows_per_step), dp_size * rows_per_step
+    real = np.flatnonzero(~padding)
+    real = real[np.argsort(np.asarray(data_order)[real], kind="stable")]
     if spread_padding:
-        steps = rows // (dp_size * rows_per_step)
-        chunks = order.reshape(dp_size, -1)
-        order = np.concatenate([_deal_padding(chunk, padding[chunk], steps) for chunk in chunks])
+        real_per_step = np.full(steps, real.size // steps) + (np.arange(steps) < real.size % steps)
+    else:
+        real_per_step = np.clip(real.size - per_step * np.arange(steps), 0, per_step)
+    members = np.split(real, np.cumsum(real_per_step)[:-1])
+    fill = np.split(np.flatnonzero(padding), np.cumsum(per_step - real_per_step)[:-1])
+    lengths = np.asarray(lengths)
+    grid = np.stack([_deal(np.concatenate(part), lengths, dp_size) for part in zip(members, fill, strict=True)])
+    order = grid.transpose(1, 0, 2).reshape(-1)  # (step, rank, row) -> rank-major, as verl's dispatch splits
     return UpdatePlan(order=order, dp_size=dp_size, rows_per_step=rows_per_step, micro_batch_size=micro_batch_size)
 
 
-def _deal_padding(chunk: np.ndarray, padding: np.ndarray, steps: int) -> np.ndarray:
-    """One rank's rows, each step filled with its share of real rows and then its share of padding."""
-    real, pad = chunk[~padding], chunk[padding]
-    pad_per_step = np.full(steps, pad.size // steps) + (np.arange(steps) < pad.size % steps)
-    real_bounds = np.cumsum(len(chunk) // steps - pad_per_step)[:-1]
-    pad_bounds = np.cumsum(pad_per_step)[:-1]
-    parts = zip(np.split(real, real_bounds), np.split(pad, pad_bounds), strict=True)
-    return np.concatenate([np.concatenate(part) for part in parts])
+def data_order(keys: Sequence[str], is_padding: Sequence[bool], prompt_index: Sequence[int]) -> np.ndarray:
+    """Each row's rank in the data's order: its prompt (dataset `index`, then verl's uid), its
+    trajectory (session) and its turn, from verl's sample keys `{uid}_{session}_{turn}`. Padding rows
+    (whose `prompt_index` is not read) rank after every real row."""
+    ranked = sorted(
+        (int(prompt_index[row]), uid, int(session), int(turn), row)
+        for row, (key, pad) in enumerate(zip(keys, is_padding, strict=True))
+        if not pad
+        for uid, session, turn in [key.rsplit("_", 2)]
+    )
+    order = np.empty(len(keys), dtype=np.int64)
+    order[[row for *_, row in ranked]] = np.arange(len(ranked))
+    order[np.asarray(is_padding, dtype=bool)] = np.arange(len(ranked), len(keys))
+    return order
+
+
+def _deal(step_rows: np.ndarray, lengths: np.ndarray, dp_size: int) -> np.ndarray:
+    """(dp_size, rows per rank): the step's rows over the ranks, longest first to the least loaded rank
+    with room; each rank's rows in their given order."""
+    capacity = step_rows.size // dp_size
+    load, taken = np.zeros(dp_size), [[] for _ in range(dp_size)]
+    for at in np.argsort(-lengths[step_rows], kind="stable"):
+        rank = min((r for r in range(dp_size) if len(taken[r]) < capacity), key=lambda r: (load[r], r))
+        taken[rank].append(at)
+        load[rank] += lengths[step_rows[at]]
+    return np.stack([step_rows[sorted(positions)] for positions in taken])
 
 
 @dataclass(frozen=True)

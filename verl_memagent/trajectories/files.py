@@ -13,6 +13,7 @@ name and renamed, so a reader never sees half a step.
 from __future__ import annotations
 
 import os
+import re
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -30,6 +31,12 @@ def records_path(directory: str | Path, source: Source, step: int | None = None)
     if source == "eval":
         return directory / EVAL_FILE
     return directory / (f"step_{step}.jsonl" if source == "train" else f"validation_step_{step}.jsonl")
+
+
+def step_of_record_file(path: str | Path) -> int | None:
+    """The training step a `step_<N>.jsonl` or `validation_step_<N>.jsonl` file belongs to (None for others)."""
+    found = re.fullmatch(r"(?:validation_)?step_(\d+)\.jsonl", Path(path).name)
+    return int(found.group(1)) if found else None
 
 
 def write_records(path: str | Path, records: Iterable[TrajectoryRecord]) -> Path:
