@@ -32,6 +32,13 @@ def _eval(args: argparse.Namespace) -> int:
     return run_cli(args)
 
 
+def _merge(args: argparse.Namespace) -> int:
+    from verl_memagent.merge import merge
+
+    print(merge(args.actor_dir, args.out, dtype=args.dtype))
+    return 0
+
+
 def _show(args: argparse.Namespace) -> int:
     from verl_memagent.trajectories.report import show
 
@@ -65,6 +72,17 @@ def build_parser() -> argparse.ArgumentParser:
     evaluate = sub.add_parser("eval", help="run agents over FlashRAG datasets: EM/F1/acc, trajectories, context plot")
     add_eval_arguments(evaluate)
     evaluate.set_defaults(func=_eval)
+
+    merge = sub.add_parser("merge", help="a checkpoint's actor (FSDP shards) -> a transformers model directory")
+    merge.add_argument("actor_dir", help="the actor directory of a checkpoint: checkpoints/global_step_N/actor")
+    merge.add_argument("--out", required=True, help="directory to write the model, config and tokenizer to")
+    merge.add_argument(
+        "--dtype",
+        choices=["checkpoint", "float32", "bfloat16", "float16"],
+        default="checkpoint",
+        help="weights' dtype: as trained (default), or cast (verl's merger casts to bfloat16)",
+    )
+    merge.set_defaults(func=_merge)
 
     show = sub.add_parser("show", help="write one self-contained HTML page of trajectory records")
     show.add_argument("paths", nargs="+", metavar="PATH", help="a run dir, a trajectories/ dir or a .jsonl file")
