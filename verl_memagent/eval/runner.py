@@ -22,6 +22,7 @@ from typing import Any
 import httpx
 
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop
+from verl_memagent.eval.judge import Judge, JudgeSettings
 from verl_memagent.eval.plot import plot_context_tokens
 from verl_memagent.eval.records import example_record, trajectory_record
 from verl_memagent.eval.report import summarise
@@ -65,11 +66,14 @@ async def evaluate(
     hf_model_type: str | None = None,
     agent_loops: str | Path = AGENT_LOOPS_YAML,
     run_info: dict[str, Any] | None = None,
+    judge: JudgeSettings | None = None,
 ) -> dict[str, Any]:
     """Run every agent on every task (`datasets`: name -> verl rows), write the three outputs, return the summary.
 
     `sampling_params` are what verl's worker sends (temperature, top_p, top_k, repetition_penalty,
-    logprobs); `run_info` (model, server, ...) is copied into the summary as `run`.
+    logprobs); `run_info` (model, server, ...) is copied into the summary as `run`. With `judge`, an
+    LLM judges every answer once all tasks ran (`eval.judge`): its verdicts go into the examples and
+    the trajectory records, its accuracy into the summary.
     """
     if concurrency < 1:
         raise ValueError(f"concurrency: expected a positive integer, got {concurrency}")
@@ -103,6 +107,8 @@ async def evaluate(
             records.append(record)
             trajectories.append(trajectory)
             bar.update()
+    if judge is not None:
+        trajectories = await judged(records, trajectories, judge, out_dir / EXAMPLES_FILE)
     write_records(records_path(out_dir / TRAJECTORIES_DIR, "eval"), trajectories)
     summary = {
         "run": run_info or {},
@@ -116,3 +122,24 @@ async def evaluate(
     summary["plot"] = {"file": PLOT_FILE, "lines": drawn}
     (out_dir / SUMMARY_FILE).write_text(json.dumps(summary, indent=2) + "\n", encoding="utf-8")
     return summary
+
+
+async def judged(records: list[dict[str, Any]], trajectories: list, settings: JudgeSettings, examples: Path) -> list:
+    """Ask the judge about every record, rewrite `examples` with the verdicts, and return the trajectory
+    records with each verdict in its `reward_info` (records and trajectories in the same order)."""
+    judge = Judge(settings)
+    try:
+        questions = sum(record["scores"]["num_objectives"] == 1 for record in records)
+        with progress(questions, "judge", "answers") as bar:
+            await judge.judge_examples(records, done=bar.update)
+    finally:
+        await judge.aclose()
+    partial = examples.with_name(f".{examples.name}.partial")
+    partial.write_text("".join(json.dumps(record) + "\n" for record in records), encoding="utf-8")
+    partial.replace(examples)
+    return [
+        trajectory.model_copy(update={"reward_info": {**trajectory.reward_info, "llm_judge": record["llm_judge"]}})
+        if "llm_judge" in record
+        else trajectory
+        for record, trajectory in zip(records, trajectories, strict=True)
+    ]
