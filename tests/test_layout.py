@@ -30,7 +30,7 @@ FORBIDDEN = {
 MAY_IMPORT = {
     "agent": (
         "search",
-        "reward",
+        "grammar",
         "trajectories.schema",
         "output_fields",
         "config_sections",
@@ -40,7 +40,7 @@ MAY_IMPORT = {
     "algo": ("trajectories", "output_fields", "config_sections", "import_hooks"),
     "trajectories": ("output_fields",),
     "search": (),
-    "reward": ("output_fields",),
+    "reward": ("output_fields", "grammar"),
     "data": (),
     "cpu": ("hf_generator", "import_hooks"),
     "eval": ("agent", "data", "reward", "trajectories", "hf_generator", "output_fields", "progress"),

@@ -19,10 +19,11 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_memagent.agent.parsing import parse_tag_action
+from verl_memagent.agent.parsing import ActionKind, parse_tag_action
 from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, ToolCall, Trajectory
 from verl_memagent.data.compose import TASK_PREFIX
-from verl_memagent.reward.answers import extract_tag
+from verl_memagent.grammar import closing, enclosed, extract_tag, opened, opening
+from verl_memagent.output_fields import FinishReason
 from verl_memagent.search import Document
 
 
@@ -81,12 +82,10 @@ class Mem1AgentLoop(SearchAgentLoop):
         tag = self.tags["state"]
         state = extract_tag(text, tag)
         if state is None:
-            return None, "unclosed_tag" if f"<{tag}>" in text else "no_state"
-        action_start = min(
-            (text.find(f"<{self.tags[t]}>") for t in ("search", "answer") if f"<{self.tags[t]}>" in text),
-            default=len(text),
-        )
-        return (state, "") if text.find(f"</{tag}>") < action_start else (None, "no_state")
+            return None, FinishReason.UNCLOSED_TAG if opened(text, tag) else FinishReason.NO_STATE
+        actions = [self.tags[role] for role in ("search", "answer")]
+        action_start = min((text.find(opening(t)) for t in actions if opened(text, t)), default=len(text))
+        return (state, "") if text.find(closing(tag)) < action_start else (None, FinishReason.NO_STATE)
 
     def kept_ids(self, generation: Generation) -> list[int]:
         """The generated ids the next context keeps: from the first `<think>` on (released), or all.
@@ -95,7 +94,7 @@ class Mem1AgentLoop(SearchAgentLoop):
         tag that starts inside a token keeps that whole token.
         """
         ids = list(generation.token_ids)
-        start = generation.text.find(f"<{self.tags['state']}>")
+        start = generation.text.find(opening(self.tags["state"]))
         if self.style == "ours" or start <= 0:
             return ids
         for cut in range(len(ids)):
@@ -118,7 +117,7 @@ class Mem1AgentLoop(SearchAgentLoop):
         An invalid action, a missing state (`require_state`), a state over the cap (unless `truncate`),
         an answer or a search in the last turn ends the trajectory instead."""
         action = parse_tag_action(generation.text, self.tags["search"], self.tags["answer"])
-        if action.kind == "invalid":
+        if action.kind == ActionKind.INVALID:
             trajectory.finish(action.reason)
             return []
         state, reason = self.state_of(generation.text)
@@ -129,11 +128,11 @@ class Mem1AgentLoop(SearchAgentLoop):
         state, _, context.memory_truncated = self.truncate(state or "", self.settings.memory_max_tokens)
         context.memory = state if context.memory_written else None
         if context.memory_truncated and self.settings.memory_overflow != "truncate":
-            trajectory.finish("memory_overflow", penalised=self.settings.memory_overflow == "penalty")
-        elif action.kind == "answer":
-            trajectory.finish("answer", answer=action)
+            trajectory.finish(FinishReason.MEMORY_OVERFLOW, penalised=self.settings.memory_overflow == "penalty")
+        elif action.kind == ActionKind.ANSWER:
+            trajectory.finish(FinishReason.ANSWER, answer=action)
         elif last_turn:
-            trajectory.finish("max_turns")
+            trajectory.finish(FinishReason.MAX_TURNS)
         else:
             return [ToolCall(text=action.query, query=action.query)]
         return []
@@ -168,8 +167,8 @@ class Mem1AgentLoop(SearchAgentLoop):
                 continue
             # a cut state goes into the next prompt encoded; this context's sample keeps what was sampled
             if context.memory_truncated:
-                state = f"<{tags['state']}>{carried_state}</{tags['state']}>"
-                kept = self.encode(f"{state}\n<{tags['search']}>{call.query}</{tags['search']}>")
+                state = enclosed(tags["state"], carried_state)
+                kept = self.encode(f"{state}\n{enclosed(tags['search'], call.query)}")
             else:
                 kept = self.kept_ids(generation)
             observation_ids = self.observation_ids(observation)

@@ -25,6 +25,7 @@ from typing import Any
 from verl_memagent.agent.parsing import parse_memory
 from verl_memagent.agent.tool_calls import ToolCallAgentLoop
 from verl_memagent.agent.turns import Context, ToolCall, Trajectory
+from verl_memagent.output_fields import CallFinish, FinishReason
 
 #: stand-ins for the question and memory while the template renders, split out again by `released_train`
 _QUESTION = "\u2063memagent-question\u2063"
@@ -95,11 +96,11 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
             # the history's text only tells verl's token builder where the new turn starts
             history = [{"role": "user", "content": ""}, {"role": "assistant", "content": action_gen.text}]
             if not await self.insert_messages(context, history, self.tool_messages(calls, results), tools=self.tools):
-                return trajectory.finish("context_limit")
+                return trajectory.finish(FinishReason.CONTEXT_LIMIT)
 
             memory_gen = await self.generate(context, sampling_params)
             if memory_gen is None:
-                return trajectory.finish("context_limit")
+                return trajectory.finish(FinishReason.CONTEXT_LIMIT)
             new_memory, closed = parse_memory(memory_gen.text, self.tags["memory"])
             if self.settings.prompt_style == "released_eval":
                 # the released inference client goes on with whatever memory it read, or none (memsearcher.py:289-310)
@@ -107,13 +108,13 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
                 memory_tokens, context.memory_written = len(self.encode(memory)), bool(memory)
                 continue
             if not new_memory:  # the released code goes on only with a non-empty memory
-                return trajectory.finish("no_memory")
+                return trajectory.finish(FinishReason.NO_MEMORY)
             context.memory_written = True
             memory, memory_tokens, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
             context.memory = memory
             overflow_mode = self.settings.memory_overflow
-            if (memory_gen.finish == "length" or not closed or truncated) and overflow_mode != "truncate":
+            if (memory_gen.finish == CallFinish.LENGTH or not closed or truncated) and overflow_mode != "truncate":
                 # `end`: the released code stops a trajectory whose rewrite ran out of tokens or is too long
-                return trajectory.finish("memory_overflow", penalised=overflow_mode == "penalty")
+                return trajectory.finish(FinishReason.MEMORY_OVERFLOW, penalised=overflow_mode == "penalty")
             context.memory_truncated = truncated
-        return trajectory.finish("max_turns")
+        return trajectory.finish(FinishReason.MAX_TURNS)

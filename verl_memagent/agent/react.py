@@ -18,6 +18,7 @@ from typing import Any
 from verl_memagent.agent.parsing import Action, parse_tag_action
 from verl_memagent.agent.tool_calls import ToolCallAgentLoop
 from verl_memagent.agent.turns import Context, ToolCall, Trajectory
+from verl_memagent.output_fields import FinishReason
 
 
 class ReactAgentLoop(ToolCallAgentLoop):
@@ -57,8 +58,8 @@ class ReactAgentLoop(ToolCallAgentLoop):
                 return None
             generation, calls, results = step
             if not await self.add_tool_response(context, generation.text, calls, results, turn + 2 == max_turns):
-                return trajectory.finish("context_limit")
-        return trajectory.finish("max_turns")
+                return trajectory.finish(FinishReason.CONTEXT_LIMIT)
+        return trajectory.finish(FinishReason.MAX_TURNS)
 
     async def add_tool_response(
         self, context: Context, action_text: str, calls: list[ToolCall], results: list[str], last_turn: bool

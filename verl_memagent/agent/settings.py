@@ -30,7 +30,7 @@ MEMORY_OVERFLOW_MODES = ("end", "truncate", "penalty")
 PROMPT_STYLES = ("released_train", "released_eval", "ours")
 
 #: how memsearcher and react read MemSearcher's tool-call format: as the released rollout and reward,
-#: or with the project's stricter rules (agent/parsing.py, reward/formats.py)
+#: or with the project's stricter rules (agent/parsing.py, grammar.py)
 ACTION_RULES = ("released", "strict")
 
 
@@ -71,7 +71,7 @@ class AgentSettings:
         trajectory at a turn without a call and records the released reward's verdict on the final
         context; a search in the last turn still runs (and memsearcher's memory rewrite after it).
         `strict` (ours) accepts one well-formed call or one answer in the strict format
-        (reward/formats.py) per turn, ends the trajectory with its reason on anything else, and runs no
+        (grammar.py) per turn, ends the trajectory with its reason on anything else, and runs no
         search in the last turn.
       require_state (mem1): a turn without a closed internal-state tag before its action ends the
         trajectory (`no_state`). Off in the released code, which checks no format during rollout.

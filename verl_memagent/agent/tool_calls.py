@@ -10,11 +10,10 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from verl_memagent.agent.parsing import Action, parse_tool_call_action, released_call, released_tool_calls
+from verl_memagent.agent.parsing import Action, ActionKind, parse_tool_call_action, released_call, released_tool_calls
 from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, ToolCall, Trajectory
-from verl_memagent.output_fields import OutputField
-from verl_memagent.reward.answers import tag_spans
-from verl_memagent.reward.formats import released_verdict
+from verl_memagent.grammar import released_verdict, tag_spans
+from verl_memagent.output_fields import CallFinish, FinishReason, OutputField
 from verl_memagent.search import Document
 
 
@@ -95,12 +94,12 @@ class ToolCallAgentLoop(SearchAgentLoop):
         if self.released_rules:
             return self._released_calls(trajectory, generation)
         action = self.parse_action(generation.text)
-        if action.kind == "answer":
-            trajectory.finish("answer", answer=action)
-        elif action.kind == "invalid":
+        if action.kind == ActionKind.ANSWER:
+            trajectory.finish(FinishReason.ANSWER, answer=action)
+        elif action.kind == ActionKind.INVALID:
             trajectory.finish(action.reason)
         elif last_turn:  # strict: the last turn is for answering
-            trajectory.finish("max_turns")
+            trajectory.finish(FinishReason.MAX_TURNS)
         else:
             return [ToolCall(text=self._call_text(generation.text), query=action.query)]
         return []
@@ -109,11 +108,11 @@ class ToolCallAgentLoop(SearchAgentLoop):
         """Every call of a turn whose tags pair up (vllm_rollout_spmd.py:612-627); a turn cut by the token
         limit runs none in training (the released inference client does not look). A turn that runs
         none ends the trajectory: `answer` when the released reward accepts its format, else `bad_format`."""
-        cut = generation.finish == "length" and self.settings.prompt_style != "released_eval"
+        cut = generation.finish == CallFinish.LENGTH and self.settings.prompt_style != "released_eval"
         texts = [] if cut else released_tool_calls(self.action_text(generation.text), self.tags["tool_call"])
         if not texts:
             _, format_ok = self.final_verdict(trajectory.contexts[-1])
-            trajectory.finish("answer" if format_ok else "bad_format")
+            trajectory.finish(FinishReason.ANSWER if format_ok else FinishReason.BAD_FORMAT)
         return [ToolCall(text, *released_call(text)) for text in texts]
 
     def _call_text(self, text: str) -> str:

@@ -24,7 +24,8 @@ from verl.utils.tokenizer.chat_template import initialize_turn_separator
 
 from verl_memagent.agent.parsing import Action
 from verl_memagent.agent.settings import AgentSettings, ByValue, parsed_settings
-from verl_memagent.output_fields import OutputField
+from verl_memagent.grammar import closing
+from verl_memagent.output_fields import CallFinish, FinishReason, OutputField
 from verl_memagent.search import Document, RetrieverClient, RetrieverError, format_documents
 from verl_memagent.trajectories.schema import CallSpan, PassageRef, SearchLog, TurnLog
 
@@ -93,7 +94,7 @@ class Generation:
     token_ids: list[int]
     log_probs: list[float] | None
     text: str
-    finish: str  # "eos", "stop" (a stop string) or "length"
+    finish: str  # a `CallFinish`
 
 
 @dataclass
@@ -237,7 +238,7 @@ class SearchAgentLoop(AgentLoopBase):
     def stop(self) -> list[str]:
         if self.settings.stop is not None:
             return list(self.settings.stop)
-        return [f"</{self.tags[role]}>" for role in self.stop_tags]
+        return [closing(self.tags[role]) for role in self.stop_tags]
 
     @property
     def documents_cap(self) -> int | None:
@@ -315,11 +316,11 @@ class SearchAgentLoop(AgentLoopBase):
         ids = list(output.token_ids)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if ids and ids[-1] in self.eos_ids:
-            finish = "eos"
+            finish = CallFinish.EOS
         elif any(stop in text for stop in self.stop):
-            finish = "stop"
+            finish = CallFinish.STOP
         else:
-            finish = "length" if len(ids) >= budget else "eos"
+            finish = CallFinish.LENGTH if len(ids) >= budget else CallFinish.EOS
         log_probs = list(output.log_probs) if output.log_probs is not None else None
         generation = Generation(ids, log_probs, text, finish)
         start = context.length
@@ -336,7 +337,7 @@ class SearchAgentLoop(AgentLoopBase):
         trajectory ended at this turn (`context_limit` when the context had no room to generate)."""
         generation = await self.generate(context, sampling_params)
         if generation is None:
-            trajectory.finish("context_limit")
+            trajectory.finish(FinishReason.CONTEXT_LIMIT)
             return None
         calls = self.calls_to_run(trajectory, context, generation, last_turn)
         if not calls:

@@ -14,10 +14,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass, fields
 
-from verl_memagent.output_fields import OutputField
+from verl_memagent.output_fields import FinishReason, OutputField
 
 #: finish reasons with a share of their own; any other reason is malformed output ("format_broken")
-FINISH_GROUPS = {"answer": "answered", "max_turns": "out_of_turns", "context_limit": "out_of_tokens"}
+FINISH_GROUPS = {
+    FinishReason.ANSWER: "answered",
+    FinishReason.MAX_TURNS: "out_of_turns",
+    FinishReason.CONTEXT_LIMIT: "out_of_tokens",
+}
 FINISHES = ("answered", "out_of_turns", "out_of_tokens", "format_broken", "penalised")
 
 
@@ -54,7 +58,9 @@ class Trajectory:
 def summarise_trajectory(contexts: Sequence[Mapping]) -> Trajectory:
     """The totals of one trajectory's contexts (their `extra_fields`, any order)."""
     last = max(contexts, key=lambda c: c[OutputField.TURN_INDEX])
-    overflowed = last[OutputField.FINISH_REASON] == "memory_overflow"  # the last rewrite ran over and ended it
+    overflowed = (
+        last[OutputField.FINISH_REASON] == FinishReason.MEMORY_OVERFLOW
+    )  # the last rewrite ran over and ended it
     stats = TrajectoryStats(
         turns=sum(c[OutputField.TURNS] for c in contexts),
         contexts=len(contexts),
