@@ -20,7 +20,9 @@ from __future__ import annotations
 from typing import Any
 
 from verl_memagent.agent.parsing import ActionKind, parse_tag_action
-from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, ToolCall, Trajectory
+from verl_memagent.agent.settings import PROMPT_STYLES
+from verl_memagent.agent.trajectory import Context, Generation, ToolCall, Trajectory, TurnFormat
+from verl_memagent.agent.turns import SearchAgentLoop
 from verl_memagent.data.compose import TASK_PREFIX
 from verl_memagent.grammar import closing, enclosed, extract_tag, opened, opening
 from verl_memagent.output_fields import FinishReason
@@ -56,7 +58,8 @@ def released_history_prompt(history: list[int], prompt_tokens: int, kept_tokens:
 
 class Mem1AgentLoop(SearchAgentLoop):
     agent = "mem1"
-    stop_tags = ("search", "answer")
+    #: every style stops at the closing action tags (the released code cut the response there)
+    turn_formats = dict.fromkeys(PROMPT_STYLES, TurnFormat(stop_tags=("search", "answer"), tool_calls=False))
     default_tags = {"state": "think", "search": "search", "answer": "answer", "information": "information"}
 
     @property
@@ -113,9 +116,9 @@ class Mem1AgentLoop(SearchAgentLoop):
     def calls_to_run(
         self, trajectory: Trajectory, context: Context, generation: Generation, last_turn: bool
     ) -> list[ToolCall]:
-        """The turn's search, after recording the state written before it (cut to `memory_max_tokens`).
-        An invalid action, a missing state (`require_state`), a state over the cap (unless `truncate`),
-        an answer or a search in the last turn ends the trajectory instead."""
+        """The turn's search, once the state written before it is recorded (`record_state`). An invalid
+        action, a missing state (`require_state`), a state over the cap (unless `truncate`), an answer
+        or a search in the last turn ends the trajectory instead."""
         action = parse_tag_action(generation.text, self.tags["search"], self.tags["answer"])
         if action.kind == ActionKind.INVALID:
             trajectory.finish(action.reason)
@@ -124,9 +127,7 @@ class Mem1AgentLoop(SearchAgentLoop):
         if state is None and self.settings.require_state:
             trajectory.finish(reason)
             return []
-        context.memory_written = state is not None
-        state, _, context.memory_truncated = self.truncate(state or "", self.settings.memory_max_tokens)
-        context.memory = state if context.memory_written else None
+        self.record_state(context, state)
         if context.memory_truncated and self.settings.memory_overflow != "truncate":
             trajectory.finish(FinishReason.MEMORY_OVERFLOW, penalised=self.settings.memory_overflow == "penalty")
         elif action.kind == ActionKind.ANSWER:
@@ -136,6 +137,13 @@ class Mem1AgentLoop(SearchAgentLoop):
         else:
             return [ToolCall(text=action.query, query=action.query)]
         return []
+
+    def record_state(self, context: Context, state: str | None) -> None:
+        """Record on the context the state its turn wrote (None: none), cut to `memory_max_tokens`:
+        what the next context carries (`carried_state`) and the memory fields of its output."""
+        context.memory_written = state is not None
+        state, _, context.memory_truncated = self.truncate(state or "", self.settings.memory_max_tokens)
+        context.memory = state if context.memory_written else None
 
     def carried_state(self, context: Context) -> tuple[str, int]:
         """The state the next context carries (empty when none was written) and its tokens, as
@@ -155,9 +163,9 @@ class Mem1AgentLoop(SearchAgentLoop):
             context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens, memory_before=carried_state)
             trajectory.contexts.append(context)
             step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
-            if step is None:
+            if step.ended:
                 return None
-            generation, (call,), (documents,) = step
+            generation, (call,), (documents,) = step.generation, step.calls, step.results
             carried_state, carried_state_tokens = self.carried_state(context)
             observation = self.prompts.render(
                 "observation", documents=documents, turns_left=max_turns - turn - 1, last_turn=turn + 2 == max_turns

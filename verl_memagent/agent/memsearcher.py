@@ -18,13 +18,14 @@ TokenTemplate did; `released_eval` encodes the whole text, as SGLang did for the
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cached_property
 from itertools import chain
 from typing import Any
 
 from verl_memagent.agent.parsing import parse_memory
-from verl_memagent.agent.tool_calls import ToolCallAgentLoop
-from verl_memagent.agent.turns import Context, ToolCall, Trajectory
+from verl_memagent.agent.tool_calls import RELEASED_FORMAT, ToolCallAgentLoop
+from verl_memagent.agent.trajectory import Context, ToolCall, Trajectory, TurnFormat
 from verl_memagent.output_fields import CallFinish, FinishReason
 
 #: stand-ins for the question and memory while the template renders, split out again by `released_train`
@@ -34,7 +35,11 @@ _MEMORY = "\u2063memagent-memory\u2063"
 
 class MemSearcherAgentLoop(ToolCallAgentLoop):
     agent = "memsearcher"
-    ours_stop_tags = ("tool_call", "memory")
+    turn_formats = {
+        "released_train": RELEASED_FORMAT,
+        "released_eval": RELEASED_FORMAT,
+        "ours": TurnFormat(stop_tags=("tool_call", "memory"), tool_calls=True),
+    }
     default_tags = {"think": "think", "tool_call": "tool_call", "question": "question", "memory": "memory"}
 
     @cached_property
@@ -75,7 +80,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         """The action, opened by the prompt's `<think>`, then the memory rewrite (opened by nothing)."""
         return [self.action_text(text) for text in context.texts[:1]] + context.texts[1:]
 
-    def tool_messages(self, calls: list[ToolCall], results: list[str]) -> list[dict]:
+    def tool_messages(self, calls: Sequence[ToolCall], results: Sequence[str]) -> list[dict]:
         if self.released:
             return super().tool_messages(calls, results)
         tool_turns = [{"role": "tool", "content": result} for result in results]
@@ -90,12 +95,12 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
             trajectory.contexts.append(context)
 
             step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
-            if step is None:
+            if step.ended:
                 return None
-            action_gen, calls, results = step
             # the history's text only tells verl's token builder where the new turn starts
-            history = [{"role": "user", "content": ""}, {"role": "assistant", "content": action_gen.text}]
-            if not await self.insert_messages(context, history, self.tool_messages(calls, results), tools=self.tools):
+            history = [{"role": "user", "content": ""}, {"role": "assistant", "content": step.generation.text}]
+            messages = self.tool_messages(step.calls, step.results)
+            if not await self.insert_messages(context, history, messages, tools=self.tools):
                 return trajectory.finish(FinishReason.CONTEXT_LIMIT)
 
             memory_gen = await self.generate(context, sampling_params)

@@ -6,12 +6,14 @@ importing the other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from verl_memagent.agent.parsing import Action, ActionKind, parse_tool_call_action, released_call, released_tool_calls
-from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, ToolCall, Trajectory
+from verl_memagent.agent.trajectory import Context, Generation, ToolCall, Trajectory, TurnFormat
+from verl_memagent.agent.turns import SearchAgentLoop
 from verl_memagent.grammar import released_verdict, tag_spans
 from verl_memagent.output_fields import CallFinish, FinishReason, OutputField
 from verl_memagent.search import Document
@@ -42,12 +44,14 @@ def released_documents(documents: list[Document]) -> str:
     return "".join(f"{doc.contents}\\n\\n" for doc in documents).strip()
 
 
+#: the released prompt styles' format: MemSearcher's tool calls, and no stop string (a turn ends at the
+#: model's end-of-turn token, as in the released code)
+RELEASED_FORMAT = TurnFormat(stop_tags=(), tool_calls=True)
+
+
 class ToolCallAgentLoop(SearchAgentLoop):
     """What `memsearcher` and `react` share: MemSearcher's tool-call format, its context rendering and
     the rules of `action_rules` (released or strict) for which turns go on and how answers are judged."""
-
-    #: whether this loop writes MemSearcher's tool-call format (react's `ours` style is Search-R1's tags)
-    tool_call_format = True
 
     @property
     def released(self) -> bool:
@@ -55,12 +59,7 @@ class ToolCallAgentLoop(SearchAgentLoop):
 
     @property
     def released_rules(self) -> bool:
-        return self.settings.action_rules == "released" and self.tool_call_format
-
-    @property
-    def stop_tags(self) -> tuple[str, ...]:
-        """The released code sets no stop string: a turn ends at the model's end-of-turn token."""
-        return () if self.released else self.ours_stop_tags
+        return self.settings.action_rules == "released" and self.turn_format.tool_calls
 
     @property
     def tools(self) -> list[dict] | None:
@@ -147,7 +146,7 @@ class ToolCallAgentLoop(SearchAgentLoop):
             output.extra_fields.update(extra)
         return outputs
 
-    def tool_messages(self, calls: list[ToolCall], results: list[str]) -> list[dict]:
+    def tool_messages(self, calls: Sequence[ToolCall], results: Sequence[str]) -> list[dict]:
         """The messages after a turn's calls: one user turn with every tool response (released)."""
         content = "".join(
             self.prompts.render("tool_response", call=call.text, documents=result)

@@ -1,7 +1,7 @@
 """What the agent did during a rollout, as verl metrics: searches, finish reasons, memory, context, time.
 
 The agent loops tag every output (one per context) with per-context counters in `extra_fields`
-(`verl_memagent.agent.turns`). Here they are grouped back into trajectories by `trajectory_id` and
+(named in `output_fields.py`). Here they are grouped back into trajectories by `trajectory_id` and
 aggregated per trajectory, so a 5-turn trajectory counts once, whatever its number of samples.
 Plain functions over lists of `extra_fields` dicts: the trainers feed them the batch's fields and
 merge the result into verl's metrics dict, which verl hands to every `trainer.logger` backend.
