@@ -99,6 +99,24 @@ def test_a_loop_built_from_its_registry_name_has_its_papers_settings(trainer_con
             assert getattr(defaults, key) == value, key
 
 
+def test_a_name_taken_by_another_loop_is_refused_naming_both():
+    """verl's `register` decorator overwrites silently; ours refuses, as verl's estimator registry does,
+    and writing our own entries again changes nothing."""
+    from types import SimpleNamespace
+
+    from verl_memagent.agent.register import _register, agent_loop_entries
+
+    ours = SimpleNamespace(_agent_loop_registry={})
+    _register(ours)
+    _register(ours)  # the same entries again: no conflict
+    assert ours._agent_loop_registry == agent_loop_entries()
+
+    other = SimpleNamespace(_agent_loop_registry={"react": {"_target_": "other_plugin.ReactLoop"}})
+    with pytest.raises(ValueError, match=r"names are taken \('react' by other_plugin\.ReactLoop\)"):
+        _register(other)
+    assert other._agent_loop_registry == {"react": {"_target_": "other_plugin.ReactLoop"}}
+
+
 @pytest.mark.parametrize("style", PROMPT_STYLES)
 def test_every_agent_declares_its_turn_format_for_every_prompt_style(style, trainer_config, tokenizer):
     """One declaration per agent and style: the stop strings it sends and whether it reads tool calls."""
