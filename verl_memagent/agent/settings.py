@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 from omegaconf import OmegaConf
 
-from verl_memagent.config_sections import reject_unknown_keys, require_choice
+from verl_memagent.config_sections import require_choice, typed_section
 
 PROMPTS_YAML = Path(__file__).with_name("prompts.yaml")
 
@@ -115,13 +115,12 @@ class AgentSettings:
 
 
 def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str, Any]) -> AgentSettings:
-    """Merge YAML overrides (plain or OmegaConf values) over the defaults, type-checked by OmegaConf."""
-    reject_unknown_keys(f"{agent} agent settings", overrides, AgentSettings)
+    """YAML overrides (plain or OmegaConf values) over the defaults, each of its field's type
+    (`config_sections.typed_section`); `retriever_urls` may be one comma-separated string."""
     plain = OmegaConf.to_container(OmegaConf.create(dict(overrides)), resolve=True)
     if isinstance(plain.get("retriever_urls"), str):
         plain["retriever_urls"] = [url.strip() for url in plain["retriever_urls"].split(",") if url.strip()]
-    schema = OmegaConf.structured(AgentSettings)
-    merged = OmegaConf.to_object(OmegaConf.merge(schema, plain))
+    merged = typed_section(f"{agent} agent settings", plain, AgentSettings)
     merged.tags = {**default_tags, **merged.tags}
     merged.prompts = {**default_prompts(agent, merged.prompt_style), **merged.prompts}
     return merged

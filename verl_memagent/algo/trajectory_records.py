@@ -23,7 +23,7 @@ import numpy as np
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 
-from verl_memagent.config_sections import reject_unknown_keys
+from verl_memagent.config_sections import typed_section
 from verl_memagent.trajectories.build import ContextSample, build_record, is_recorded
 from verl_memagent.trajectories.files import TRAJECTORIES_DIR, records_path, write_records
 from verl_memagent.trajectories.schema import Source, TrajectoryRecord
@@ -46,10 +46,8 @@ class TrajectoryRecordsConfig:
 
     @classmethod
     def from_trainer(cls, trainer) -> TrajectoryRecordsConfig:
-        section = dict(trainer.get("trajectories", None) or {})
-        reject_unknown_keys("trainer.trajectories", section, cls)
-        config = cls(**section)
-        if not isinstance(config.per_step, int) or config.per_step < 0:
+        config = typed_section("trainer.trajectories", trainer.get("trajectories", None) or {}, cls)
+        if config.per_step < 0:
             raise ValueError(f"trainer.trajectories.per_step must be an integer >= 0, got {config.per_step!r}")
         return config
 
