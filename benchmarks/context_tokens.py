@@ -265,7 +265,9 @@ async def measure(questions, passages, tokenizer, hf_model_type, settings: dict)
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--questions", type=int, default=5, help="multi-hop questions averaged over")
-    parser.add_argument("--topk", type=int, default=3, help="documents per search (Search-R1: 3, MemSearcher: 5)")
+    parser.add_argument(
+        "--topk", type=int, default=3, help="documents per search (released: Search-R1 and MEM1 3, MemSearcher 10)"
+    )
     parser.add_argument(
         "--prompt-style", choices=PROMPT_STYLES, default=AgentSettings.prompt_style, help="the agents' format"
     )

@@ -349,3 +349,24 @@ def test_a_changed_released_value_is_caught():
         "mem1 algorithm.use_kl_in_reward: algorithm.use_kl_in_reward: false not in the row 'KL'",
     ]
     assert fidelity_problems(doc, settings) == ["mem1 max_turns: 7 not in the row 'turns'"]
+
+
+# ---- README.md: the layout table names every package and top-level module -------------------------
+
+
+def layout_names(readme: str) -> set[str]:
+    """What the README's layout rows of `verl_memagent/...` name: `algo/` -> algo, `doctor.py` -> doctor."""
+    names = set()
+    for row in table_rows(section(readme, "Layout")):
+        if row[0].startswith("`verl_memagent/"):
+            spans = code_spans(" ".join(row))
+            names |= {span.removeprefix("verl_memagent/").removesuffix("/").removesuffix(".py") for span in spans}
+    return names
+
+
+def test_readme_layout_names_every_package_and_top_level_module():
+    package = REPO / "verl_memagent"
+    ours = {path.stem for path in package.glob("*.py")} | {path.parent.name for path in package.glob("*/__init__.py")}
+    readme = (REPO / "README.md").read_text()
+    assert ours - {"__init__"} - layout_names(readme) == set()
+    assert "progress" not in layout_names(readme.replace("| `verl_memagent/progress.py` |", "| `elsewhere.py` |"))
