@@ -28,6 +28,7 @@ BOX = "\\boxed"
 
 
 def opening(tag: str) -> str:
+    """`<tag>`."""
     return f"<{tag}>"
 
 
@@ -42,6 +43,7 @@ def enclosed(tag: str, content: str) -> str:
 
 
 def opened(text: str, tag: str) -> bool:
+    """Whether `text` opens `tag` anywhere."""
     return opening(tag) in text
 
 

@@ -14,6 +14,8 @@ from __future__ import annotations
 
 
 class OutputField:
+    """The names of the fields in every `AgentLoopOutput.extra_fields`."""
+
     TRAJECTORY_ID = "trajectory_id"  # str, per trajectory: what the per-turn estimators group by
     TURN_INDEX = "turn_index"  # int: the context's position in its trajectory, from 0
     NUM_CONTEXTS = "num_contexts"  # int, per trajectory: contexts (training samples) it has

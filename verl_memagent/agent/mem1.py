@@ -57,6 +57,8 @@ def released_history_prompt(history: list[int], prompt_tokens: int, kept_tokens:
 
 
 class Mem1AgentLoop(SearchAgentLoop):
+    """`mem1`: each turn the question, the previous turn (its state and action) and that turn's observation."""
+
     agent = "mem1"
     #: every style stops at the closing action tags (the released code cut the response there)
     turn_formats = dict.fromkeys(PROMPT_STYLES, TurnFormat(stop_tags=("search", "answer"), tool_calls=False))
@@ -64,6 +66,7 @@ class Mem1AgentLoop(SearchAgentLoop):
 
     @property
     def style(self) -> str:
+        """The prompt style: it picks the documents' format, the observation cut and the carried ids."""
         return self.settings.prompt_style
 
     def format_documents(self, documents: list[Document]) -> str:

@@ -34,6 +34,8 @@ _MEMORY = "\u2063memagent-memory\u2063"
 
 
 class MemSearcherAgentLoop(ToolCallAgentLoop):
+    """`memsearcher`: each turn a fresh context of the question and the memory it rewrites (module docstring)."""
+
     agent = "memsearcher"
     turn_formats = {
         "released_train": RELEASED_FORMAT,
@@ -67,6 +69,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         return list(chain.from_iterable(encoded))
 
     async def turn_prompt_ids(self, question: str, memory: str, turn: int) -> list[int]:
+        """Token ids of turn `turn`'s prompt: the question and the memory written before it."""
         max_turns = self.settings.max_turns
         if self.released:
             return self.released_prompt_ids({_QUESTION: question, _MEMORY: memory})
@@ -81,6 +84,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         return [self.action_text(text) for text in context.texts[:1]] + context.texts[1:]
 
     def tool_messages(self, calls: Sequence[ToolCall], results: Sequence[str]) -> list[dict]:
+        """`ours`: each result as a tool message, then the rewrite instruction; released: one user turn with both."""
         if self.released:
             return super().tool_messages(calls, results)
         tool_turns = [{"role": "tool", "content": result} for result in results]

@@ -39,6 +39,8 @@ BLANK_QUERY = "error: 400"
 
 
 class ActionKind:
+    """What a turn did: searched, answered, or neither (invalid: the trajectory ends)."""
+
     SEARCH = "search"
     ANSWER = "answer"
     INVALID = "invalid"

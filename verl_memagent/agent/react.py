@@ -23,6 +23,8 @@ from verl_memagent.output_fields import FinishReason
 
 
 class ReactAgentLoop(ToolCallAgentLoop):
+    """`react`: the baseline whose one context grows with every search (module docstring)."""
+
     agent = "react"
     #: `ours` is Search-R1's format: `<search>`, `<answer>`
     turn_formats = {
@@ -40,6 +42,7 @@ class ReactAgentLoop(ToolCallAgentLoop):
     one_output_per_context = False
 
     def parse_action(self, text: str) -> Action:
+        """MemSearcher's tool-call format (the strict rules) where the style writes it, else Search-R1's tags."""
         if self.turn_format.tool_calls:
             return super().parse_action(text)
         return parse_tag_action(text, self.tags["search"], self.tags["answer"])

@@ -202,6 +202,7 @@ class Prompts:
                 raise ValueError(f"prompts.{name}: {exc}; templates may use {known}") from exc
 
     def render(self, name: str, **variables: Any) -> str:
+        """The template `name` filled with `variables` and the settings' constants (tags, tool name, memory cap)."""
         if variables:
             return self._templates[name].render(**self._constants, **variables)
         if name not in self._fixed:

@@ -55,10 +55,12 @@ class ToolCallAgentLoop(SearchAgentLoop):
 
     @property
     def released(self) -> bool:
+        """Whether the prompt style is a released one (`released_train`, `released_eval`)."""
         return self.settings.prompt_style != "ours"
 
     @property
     def released_rules(self) -> bool:
+        """Whether `action_rules: released` applies: it reads MemSearcher's tool-call format only."""
         return self.settings.action_rules == "released" and self.turn_format.tool_calls
 
     @property

@@ -76,6 +76,7 @@ class Context:
         return len(self.prompt_ids) + len(self.response_ids)
 
     def add_generated(self, generation: Generation) -> None:
+        """Append a generate call's sampled ids (mask 1) and log-probs; a call without log-probs drops the context's."""
         self.texts.append(generation.text)
         self.response_ids += generation.token_ids
         self.response_mask += [1] * len(generation.token_ids)
@@ -85,6 +86,7 @@ class Context:
             self.response_logprobs = None
 
     def add_inserted(self, token_ids: list[int]) -> None:
+        """Append ids we inserted, not sampled (mask 0, log-prob 0)."""
         self.response_ids += token_ids
         self.response_mask += [0] * len(token_ids)
         if self.response_logprobs is not None:
@@ -113,6 +115,7 @@ class Trajectory:
     answer: Action | None = None  # the final answer action, parsed with the agent's tags
 
     def finish(self, reason: str, penalised: bool = False, answer: Action | None = None) -> None:
+        """Record how the trajectory ended (a `FinishReason`), whether every reward gives it 0, and its answer."""
         self.finish_reason, self.penalised, self.answer = reason, penalised, answer
 
 

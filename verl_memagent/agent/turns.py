@@ -133,6 +133,7 @@ class SearchAgentLoop(AgentLoopBase):
     # ---- verl entry point -------------------------------------------------------------------------
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput] | AgentLoopOutput:
+        """verl's entry point: play one trajectory for a dataset row (`kwargs`) and return its outputs."""
         trajectory = Trajectory(question=question_of(kwargs))
         self._request_id = trajectory.id
         self._priority = int(kwargs.get("priority", 0))

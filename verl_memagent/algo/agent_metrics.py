@@ -49,6 +49,9 @@ class TrajectoryStats:
 
 @dataclass(frozen=True)
 class Trajectory:
+    """One trajectory summarised: its totals, its finish group (`FINISHES`), its memory rewrites and how many hit
+    the cap."""
+
     stats: TrajectoryStats
     finish: str
     memory_rewrites: int

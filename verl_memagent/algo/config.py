@@ -30,6 +30,7 @@ class MultiContextConfig:
 
     @classmethod
     def from_algorithm(cls, algorithm) -> MultiContextConfig:
+        """The section of verl's `algorithm` config, typed and checked (`config_sections.typed_section`)."""
         config = typed_section("algorithm.multi_context", (algorithm or {}).get("multi_context", None) or {}, cls)
         if not 0.0 < config.turn_discount <= 1.0:
             raise ValueError(f"algorithm.multi_context.turn_discount must be in (0, 1], got {config.turn_discount}")

@@ -388,6 +388,9 @@ def reading_validation_batches(trainer, read: Callable[[KVBatchMeta], None]) -> 
 
 @register_trainer("memagent_sync")
 class MultiContextTrainerSync(TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync):
+    """`memagent_sync`: verl's sync trainer feeding the estimators whole trajectories, with agent metrics and
+    records."""
+
     base_mode = "sync"
 
 
@@ -395,6 +398,8 @@ class MultiContextTrainerSync(TrajectoryRecordsMixin, AgentMetricsMixin, MultiCo
 class MultiContextTrainerColocateAsync(
     TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync
 ):
+    """`memagent_colocate_async`: the same over verl's colocated async trainer."""
+
     base_mode = "colocate_async"
 
 
@@ -402,4 +407,6 @@ class MultiContextTrainerColocateAsync(
 class MultiContextTrainerSeparateAsync(
     TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync
 ):
+    """`memagent_separate_async`: the same over verl's async trainer with rollout on GPUs of its own."""
+
     base_mode = "separate_async"

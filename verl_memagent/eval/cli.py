@@ -32,6 +32,7 @@ def agent_settings(agents: list[str], overrides: list[str], **common: Any) -> di
 
 
 def add_arguments(parser) -> None:
+    """The options of `verl-memagent eval`; each destination is a field of `EvalOptions`."""
     parser.add_argument(
         "--agent",
         dest="agents",
@@ -126,13 +127,16 @@ class EvalOptions:
 
     @property
     def tokenizer_path(self) -> str | None:
+        """`--tokenizer`, else the model's directory."""
         return self.tokenizer or self.model
 
     @property
     def agent_loops_path(self) -> Path:
+        """`--agent-loops`, else the shipped agent_loops.yaml."""
         return Path(self.agent_loops) if self.agent_loops else AGENT_LOOPS_YAML
 
     def agent_settings(self) -> dict[str, dict[str, Any]]:
+        """Settings per agent: the options every agent shares, then the `--set` overrides."""
         return agent_settings(
             list(self.agents),
             list(self.overrides),
@@ -189,6 +193,8 @@ def _in_process_generator(options: EvalOptions):
 
 
 def run_cli(args: argparse.Namespace) -> int:
+    """`verl-memagent eval`: the parsed command line read into `EvalOptions` and run; a bad option exits with its
+    message."""
     try:
         options = EvalOptions.from_args(args)
     except ValueError as error:

@@ -33,6 +33,7 @@ def records_path(directory: str | Path, source: Source, step: int | None = None)
 
 
 def write_records(path: str | Path, records: Iterable[TrajectoryRecord]) -> Path:
+    """Write records as JSON lines, whole or not at all (a partial file renamed into place); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")
