@@ -1,7 +1,10 @@
 """Values the docs quote, checked against the files they come from, so that neither changes alone.
 
-Each check renders the sentence a doc states from the source's current value (a recipe YAML, a
-launcher's default) and looks for it in the doc: change the value and the doc must change too.
+Each check renders the sentence or table cell a doc states from the source's current value (a recipe
+YAML, a launcher's default, a dataclass default, an argparse default, the released values) and looks
+for it in the doc: change the value and the doc must change too. Each has a test that a changed
+value is caught. Docs: cpu.md, agents.md (settings, fields, finish reasons, metrics), retriever.md
+(`serve`'s options), fidelity.md (released values), the README's layout table.
 """
 
 from __future__ import annotations
