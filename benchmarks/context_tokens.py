@@ -40,7 +40,8 @@ from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
 from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
 from verl_memagent.agent.tool_calls import ToolCallAgentLoop  # noqa: E402
-from verl_memagent.output_fields import OutputField  # noqa: E402
+from verl_memagent.grammar import enclosed  # noqa: E402
+from verl_memagent.output_fields import FinishReason, OutputField  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
 MAX_TURNS = 10
@@ -99,7 +100,7 @@ class ModelFormat:
         return text.removeprefix(self.prefix) + self.end_of_turn
 
     def tagged(self, role: str, content: str) -> str:
-        return f"<{self.tags[role]}>{content}</{self.tags[role]}>"
+        return enclosed(self.tags[role], content)
 
     def search(self, thought: str, query: str, notes: str) -> list[str]:
         """The texts of a search turn: the action, and for memsearcher the memory rewrite after it."""
@@ -147,7 +148,7 @@ def check_trajectory(agent: str, outputs: list, policy: ScriptedPolicy, turns: i
     played = final[OutputField.TURNS] if agent == "react" else len(outputs)
     errors = sum(o.extra_fields[OutputField.RETRIEVER_ERRORS] for o in outputs)
     if (final[OutputField.FINISH_REASON], final[OutputField.FINAL_FORMAT_OK], len(policy.calls), played, errors) != (
-        "answer",
+        FinishReason.ANSWER,
         True,
         len(policy.texts),
         turns,
@@ -264,7 +265,9 @@ async def measure(questions, passages, tokenizer, hf_model_type, settings: dict)
 def main(argv: list[str] | None = None) -> dict:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--questions", type=int, default=5, help="multi-hop questions averaged over")
-    parser.add_argument("--topk", type=int, default=3, help="documents per search (Search-R1: 3, MemSearcher: 5)")
+    parser.add_argument(
+        "--topk", type=int, default=3, help="documents per search (released: Search-R1 and MEM1 3, MemSearcher 10)"
+    )
     parser.add_argument(
         "--prompt-style", choices=PROMPT_STYLES, default=AgentSettings.prompt_style, help="the agents' format"
     )

@@ -3,8 +3,10 @@
 On a terminal each phase is a tqdm bar. In a log (stderr not a terminal: a batch job, `nohup`, CI)
 a bar would be a stream of carriage returns, so instead a plain line is written every `every_s`
 seconds and one as each phase ends: a build of 21M passages that runs for hours says where it is
-and how long is left. A phase whose work happens inside a library (bm25s's scoring, Lucene) counts
-nothing itself; its lines say how long it has been running.
+and how long is left. The line is the bar's own text without the bar (`tqdm.format_meter`), durations
+tqdm's (`tqdm.format_interval`), as verl_memagent's progress lines (verl_memagent/progress.py). A
+phase whose work happens inside a library (bm25s's scoring, Lucene) counts nothing itself; its lines
+say how long it has been running.
 """
 
 from __future__ import annotations
@@ -71,35 +73,23 @@ class _LogLines:
     def __exit__(self, *exc_info) -> None:
         self._ended.set()
         if exc_info[0] is None:
-            took = _duration(time.monotonic() - self._started)
-            self._write(f"done, {self._amount()} in {took}" if self.done else f"done in {took}")
+            elapsed = time.monotonic() - self._started
+            self._write(f"done, {self._meter(elapsed)}" if self.done else f"done in {tqdm.format_interval(elapsed)}")
 
     def _report(self) -> None:
         while not self._ended.wait(self.every_s):
             elapsed = time.monotonic() - self._started
             if not self.done:
-                self._write(f"running for {_duration(elapsed)}")
+                self._write(f"running for {tqdm.format_interval(elapsed)}")
             elif self.total and self.done >= self.total:  # all read; the library finishes its part
-                self._write(f"{self._amount()}, finishing ({_duration(elapsed)} so far)")
+                self._write(f"{self._meter(elapsed)}, finishing")
             else:
-                rate = self.done / elapsed
-                line = f"{self._amount()}, " + (f"{rate / 1e6:,.1f} MB/s" if self.unit == "bytes" else f"{rate:,.0f}/s")
-                if self.total:
-                    left = (self.total - self.done) * elapsed / self.done
-                    line += f", {self.done / self.total:.1%}, about {_duration(left)} left"
-                self._write(line)
+                self._write(self._meter(elapsed))
 
-    def _amount(self) -> str:
-        if self.unit == "bytes":
-            return f"{self.done / 1e6:,.1f} MB" + (f" of {self.total / 1e6:,.1f} MB" if self.total else "")
-        return f"{self.done:,}" + (f" of {self.total:,}" if self.total else "") + f" {self.unit}"
+    def _meter(self, elapsed: float) -> str:
+        """`57% 12.0M/21.0M [05:00<03:45, 40.0k passages/s]`: the terminal bar's text without the bar."""
+        meter = tqdm.format_meter(self.done, self.total, elapsed, ncols=0, unit=f" {self.unit}", unit_scale=True)
+        return meter.strip()
 
     def _write(self, message: str) -> None:
         print(f"build {self.label}: {message}", file=self.stream, flush=True)
-
-
-def _duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.1f} s"
-    minutes = int(seconds // 60)
-    return f"{minutes} min {int(seconds % 60)} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60} min"

@@ -1,12 +1,14 @@
 """The architecture as imports: which package may import which, and no import cycles.
 
 Read statically from the source (every `import`, also inside functions, and `importlib.import_module`
-of a literal name), so a lazy import cannot hide an edge. The map is docs/design.md's.
+of a literal name), so a lazy import cannot hide an edge. The map of what may import what is read
+from docs/design.md's table ("Packages and what they may import").
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import networkx as nx
@@ -25,26 +27,47 @@ FORBIDDEN = {
     "retriever_server": ("verl", "verl_memagent", "memagent_examples", "tests", "benchmarks", "recipes"),
 }
 
-#: subpackage of verl_memagent -> the only modules of ours outside itself it may import: the "may
-#: import" column of docs/design.md for our own modules (third-party imports are not checked)
-MAY_IMPORT = {
-    "agent": (
-        "search",
-        "reward",
-        "trajectories.schema",
-        "output_fields",
-        "config_sections",
-        "data.compose",
-        "import_hooks",
-    ),
-    "algo": ("trajectories", "output_fields", "config_sections", "import_hooks"),
-    "trajectories": ("output_fields",),
-    "search": (),
-    "reward": ("output_fields",),
-    "data": (),
-    "cpu": ("hf_generator", "import_hooks"),
-    "eval": ("agent", "data", "reward", "trajectories", "hf_generator", "output_fields", "progress"),
-}
+DESIGN = REPO / "docs" / "design.md"
+#: a "may import" cell that allows every module of ours
+ANY = "any of `verl_memagent`"
+
+
+def our_module(name: str, root: Path = REPO) -> bool:
+    path = root / "verl_memagent" / name.replace(".", "/")
+    return path.is_dir() or path.with_suffix(".py").is_file()
+
+
+def may_import(design: str = "", root: Path = REPO) -> dict[str, tuple[str, ...] | None]:
+    """Subpackage or top-level module of verl_memagent -> the modules of ours outside itself it may
+    import (None: any), read from docs/design.md's "may import" column: the names in code there
+    that are our modules, before any "never"."""
+    design = design or DESIGN.read_text(encoding="utf-8")
+    allowed = {}
+    for line in design.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        if len(cells) != 3 or not cells[0].startswith("`verl_memagent/"):
+            continue
+        names = [span.removeprefix("verl_memagent/") for span in re.findall(r"`([^`]+)`", cells[0])]
+        column = cells[2].split("never")[0]
+        imports = None if ANY in column else tuple(n for n in re.findall(r"`([^`]+)`", column) if our_module(n, root))
+        for name in names:
+            if "*" not in name:
+                allowed[name.removesuffix("/").removesuffix(".py")] = imports
+    return allowed
+
+
+#: subpackage or top-level module of verl_memagent -> the only modules of ours outside itself it may
+#: import: docs/design.md's "may import" column (third-party imports are not checked)
+MAY_IMPORT = may_import()
+
+
+def our_units(root: Path = REPO) -> set[str]:
+    """verl_memagent's subpackages and top-level modules."""
+    return {
+        path.stem if path.suffix == ".py" else path.name
+        for path in (root / "verl_memagent").iterdir()
+        if path.suffix == ".py" or (path / "__init__.py").is_file()
+    }
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -92,12 +115,18 @@ def registration_modules(root: Path = REPO) -> set[str]:
     return {key.value for key in provides.keys if isinstance(key, ast.Constant)}
 
 
-def unlisted_imports(subpackage: str, root: Path = REPO) -> list[str]:
-    """Imports of our own modules from `verl_memagent.<subpackage>` that MAY_IMPORT does not list."""
-    allowed = (f"verl_memagent.{subpackage}", *(f"verl_memagent.{name}" for name in MAY_IMPORT[subpackage]))
+def unlisted_imports(unit: str, root: Path = REPO, map_: dict | None = None) -> list[str]:
+    """Imports of our own modules from `verl_memagent.<unit>` (a subpackage or a top-level module) that
+    the map (`MAY_IMPORT`) does not list."""
+    listed = (map_ or MAY_IMPORT)[unit]
+    if listed is None:
+        return []
+    allowed = (f"verl_memagent.{unit}", *(f"verl_memagent.{name}" for name in listed))
+    base = root / "verl_memagent" / unit
+    files = sorted(base.rglob("*.py")) if base.is_dir() else [base.with_suffix(".py")]
     return sorted(
         f"{module_name(path, root)} imports {name}"
-        for path in (root / "verl_memagent" / subpackage).rglob("*.py")
+        for path in files
         for name in imported_names(path, root)
         if name.startswith("verl_memagent") and not any(name == a or name.startswith(a + ".") for a in allowed)
     )
@@ -126,9 +155,30 @@ def test_package_imports_only_what_the_map_allows(package):
     assert forbidden_imports(package) == []
 
 
-@pytest.mark.parametrize("subpackage", MAY_IMPORT)
-def test_subpackage_imports_only_the_modules_of_ours_it_may(subpackage):
-    assert unlisted_imports(subpackage) == []
+@pytest.mark.parametrize("unit", sorted(MAY_IMPORT))
+def test_each_module_imports_only_the_modules_of_ours_it_may(unit):
+    assert unlisted_imports(unit) == []
+
+
+def test_design_md_has_a_row_for_every_subpackage_and_top_level_module():
+    assert set(MAY_IMPORT) == our_units()
+    for leaf in ("output_fields", "config_sections", "grammar", "progress"):
+        assert MAY_IMPORT[leaf] == (), leaf  # the leaves import nothing of ours
+    assert "reward" not in MAY_IMPORT["agent"]  # the walk from a turn's text to its calls stays in agent/
+
+
+def test_the_map_is_read_from_the_design_table():
+    """A name added to or taken from the design table's column changes what the check allows."""
+    design = DESIGN.read_text(encoding="utf-8")
+    search_row = "formatting of documents | httpx; nothing else of ours |"
+    assert search_row in design
+    widened = design.replace(search_row, "formatting of documents | httpx, `output_fields` |")
+    assert may_import(widened)["search"] == ("output_fields",)
+    narrowed = design.replace("`hf_generator`, `import_hooks` |", "`import_hooks` |")
+    assert unlisted_imports("cpu", map_=may_import(narrowed)) == [
+        "verl_memagent.cpu.hf_rollout imports verl_memagent.hf_generator",
+        "verl_memagent.cpu.hf_rollout imports verl_memagent.hf_generator.HFGenerator",
+    ]
 
 
 def test_the_plugins_registration_modules_are_edges_of_the_map():

@@ -47,6 +47,7 @@ def _show(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
+    """The `verl-memagent` parser: one subcommand per job, each with the function that runs it."""
     parser = argparse.ArgumentParser(prog="verl-memagent", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
 
@@ -94,6 +95,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run `verl-memagent` with `argv` (default: the command line); returns the exit code."""
     args = build_parser().parse_args(argv)
     return args.func(args)
 

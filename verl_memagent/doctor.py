@@ -57,6 +57,8 @@ def _registry(kind: str):
 
 @dataclass
 class Report:
+    """What `doctor` found: one line per check for the user, and the reasons it fails (the first one is shown last)."""
+
     lines: list[str] = field(default_factory=list)
     failures: list[str] = field(default_factory=list)
 
@@ -74,6 +76,7 @@ class Report:
 
 
 def check_packages(report: Report) -> None:
+    """Python and the versions of the packages the plugin uses; a missing required one fails."""
     report.add("python", platform.python_version())
     for dist, required in PACKAGES.items():
         try:
@@ -115,6 +118,7 @@ def check_plugin(report: Report, module: str = PLUGIN_MODULE) -> None:
 
 
 def check_devices(report: Report) -> None:
+    """The accelerators torch sees."""
     try:
         import torch
 
@@ -218,6 +222,7 @@ def check_vllm_plugin(report: Report, cpu_path: bool) -> None:
 
 
 def check_retriever(report: Report, url: str, timeout: float = 5.0) -> None:
+    """Whether the retriever at `url` answers `/health`, and what it says."""
     health = url.rstrip("/") + "/health"
     try:
         with urllib.request.urlopen(health, timeout=timeout) as response:
@@ -229,6 +234,7 @@ def check_retriever(report: Report, url: str, timeout: float = 5.0) -> None:
 
 
 def run_doctor(retriever: str | None = None, plugin_module: str = PLUGIN_MODULE) -> Report:
+    """Every check, the retriever's too when a URL is given."""
     report = Report()
     check_packages(report)
     check_plugin(report, plugin_module)
@@ -241,6 +247,7 @@ def run_doctor(retriever: str | None = None, plugin_module: str = PLUGIN_MODULE)
 
 
 def main(retriever: str | None = None) -> int:
+    """`verl-memagent doctor`: print the report; 1 when a check failed, naming the first failure."""
     report = run_doctor(retriever)
     print("\n".join(report.lines))
     if report.failures:

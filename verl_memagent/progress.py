@@ -1,13 +1,16 @@
 """Progress of long work a user waits for: a tqdm bar on a terminal, a plain line every few seconds in a log.
 
 A tqdm bar redraws itself with carriage returns, which a log file or a pipe keeps as one endless line
-shown only at the end; a plain line every `every_s` seconds reads as it comes.
+shown only at the end; a plain line every `every_s` seconds reads as it comes. The line is tqdm's own
+meter without the bar (`tqdm.format_meter`), the format the retriever's index build logs too
+(retriever_server/progress.py): one line format and one duration format on a terminal and in a log.
 """
 
 from __future__ import annotations
 
 import sys
 import time
+from numbers import Number
 from typing import TextIO
 
 from tqdm import tqdm
@@ -18,13 +21,13 @@ def progress(total: int, desc: str, unit: str = "steps", stream: TextIO | None =
     (and `with`)."""
     stream = stream or sys.stderr
     if stream.isatty():
-        return tqdm(total=total, desc=desc, unit=unit, file=stream)
+        return tqdm(total=total, desc=desc, unit=f" {unit}", file=stream)
     return ProgressLines(total, desc, unit, stream, every_s)
 
 
 class ProgressLines:
-    """`desc: 120/400 steps (30%), loss 1.850, 2.1 steps/s, 2 min 13 s left`, at most every `every_s`
-    seconds, and once at the end."""
+    """`desc:  30% 120/400 [01:03<02:27,  1.89 steps/s, loss=1.85]` (the tqdm bar's text without the
+    bar), at most every `every_s` seconds, and once at the end."""
 
     def __init__(self, total: int, desc: str, unit: str, stream: TextIO, every_s: float):
         self.total, self.desc, self.unit, self.stream, self.every_s = total, desc, unit, stream, every_s
@@ -51,23 +54,18 @@ class ProgressLines:
 
     def _print(self) -> None:
         self.last = time.monotonic()
-        elapsed = self.last - self.start
-        parts = [f"{self.desc}: {self.done}/{self.total} {self.unit} ({self.done / max(self.total, 1):.0%})"]
-        parts += [f"{name} {_shown(value)}" for name, value in self.postfix.items()]
-        if self.done and elapsed > 0:
-            rate = self.done / elapsed
-            parts.append(f"{rate:.2f} {self.unit}/s")
-            if self.done < self.total:
-                parts.append(f"{_duration((self.total - self.done) / rate)} left")
-            else:
-                parts.append(f"{_duration(elapsed)} in all")
-        print(", ".join(parts), file=self.stream, flush=True)
-
-
-def _shown(value: object) -> str:
-    return f"{value:.3f}" if isinstance(value, float) else str(value)
-
-
-def _duration(seconds: float) -> str:
-    minutes, seconds = divmod(int(seconds), 60)
-    return f"{minutes} min {seconds} s" if minutes else f"{seconds} s"
+        # the postfix as tqdm's `set_postfix` writes it on a terminal
+        postfix = ", ".join(
+            f"{name}={tqdm.format_num(value) if isinstance(value, Number) else value}"
+            for name, value in self.postfix.items()
+        )
+        meter = tqdm.format_meter(
+            self.done,
+            self.total,
+            self.last - self.start,
+            ncols=0,
+            prefix=self.desc,
+            unit=f" {self.unit}",
+            postfix=postfix or None,
+        )
+        print(meter, file=self.stream, flush=True)

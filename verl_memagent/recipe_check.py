@@ -34,6 +34,7 @@ class RecipeLaunch:
 
     @property
     def recipe_yaml(self) -> Path:
+        """The recipe's own YAML (the config `main_ppo` composes from)."""
         return self.config_dir / f"{self.config_name}.yaml"
 
 

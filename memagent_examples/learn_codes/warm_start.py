@@ -17,7 +17,7 @@ import torch
 from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent import instantiate_agent_loop
 from verl_memagent.agent.factory import verl_trainer_config
-from verl_memagent.output_fields import OutputField
+from verl_memagent.output_fields import FinishReason, OutputField
 from verl_memagent.progress import progress
 
 IGNORE = -100
@@ -58,7 +58,7 @@ async def scripted_samples(
         outputs = await loop.run({"temperature": 1.0, "logprobs": False}, **row)
         outputs = outputs if isinstance(outputs, list) else [outputs]
         reason = outputs[-1].extra_fields.get(OutputField.FINISH_REASON)
-        if reason != "answer" or len(policy.calls) != len(texts):
+        if reason != FinishReason.ANSWER or len(policy.calls) != len(texts):
             raise ValueError(f"the script for {question!r} did not play out as an answer: {reason}")
         for out in outputs:
             labels = [tok if keep else IGNORE for tok, keep in zip(out.response_ids, out.response_mask, strict=True)]

@@ -9,7 +9,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from verl_memagent.agent.parsing import Action, parse_tag_action
-from verl_memagent.agent.turns import Context
+from verl_memagent.agent.trajectory import Context
 from verl_memagent.reward.scores import exact_match_score, f1_with_format, multi_objective_em
 
 CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leer"}}</tool_call>'

@@ -8,6 +8,9 @@ from omegaconf import OmegaConf
 
 from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent import AGENT_LOOPS_YAML
+from verl_memagent.agent.settings import PROMPT_STYLES
+
+AGENTS = ("memsearcher", "mem1", "react")
 
 
 async def build_as_verls_worker(entry, trainer_config, tokenizer):
@@ -94,3 +97,40 @@ def test_a_loop_built_from_its_registry_name_has_its_papers_settings(trainer_con
     for key, value in yaml["memsearcher"].items():
         if key not in ("name", "_target_", "retriever_urls"):
             assert getattr(defaults, key) == value, key
+
+
+def test_a_name_taken_by_another_loop_is_refused_naming_both():
+    """verl's `register` decorator overwrites silently; ours refuses, as verl's estimator registry does,
+    and writing our own entries again changes nothing."""
+    from types import SimpleNamespace
+
+    from verl_memagent.agent.register import _register, agent_loop_entries
+
+    ours = SimpleNamespace(_agent_loop_registry={})
+    _register(ours)
+    _register(ours)  # the same entries again: no conflict
+    assert ours._agent_loop_registry == agent_loop_entries()
+
+    other = SimpleNamespace(_agent_loop_registry={"react": {"_target_": "other_plugin.ReactLoop"}})
+    with pytest.raises(ValueError, match=r"names are taken \('react' by other_plugin\.ReactLoop\)"):
+        _register(other)
+    assert other._agent_loop_registry == {"react": {"_target_": "other_plugin.ReactLoop"}}
+
+
+@pytest.mark.parametrize("style", PROMPT_STYLES)
+def test_every_agent_declares_its_turn_format_for_every_prompt_style(style, trainer_config, tokenizer):
+    """One declaration per agent and style: the stop strings it sends and whether it reads tool calls."""
+    from verl_memagent.agent import instantiate_agent_loop
+
+    loops = {name: instantiate_agent_loop(name, trainer_config, None, tokenizer, prompt_style=style) for name in AGENTS}
+    released = style != "ours"
+    assert {name: loop.stop for name, loop in loops.items()} == {
+        "memsearcher": [] if released else ["</tool_call>", "</memory>"],
+        "mem1": ["</search>", "</answer>"],
+        "react": [] if released else ["</search>", "</answer>"],
+    }
+    assert {name: loop.turn_format.tool_calls for name, loop in loops.items()} == {
+        "memsearcher": True,
+        "mem1": False,
+        "react": released,
+    }

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from test_released_rollouts import TOPK, script
 
 from memagent_examples.scripted import ScriptedPolicy
-from verl_memagent.agent.turns import Context
+from verl_memagent.agent.trajectory import Context
 from verl_memagent.reward.scores import FORMAT_ONLY_REWARD, f1_with_format
 
 REWARDS = json.loads((Path(__file__).parent / "fixtures" / "released_rollouts.json").read_text())["rewards"]

@@ -60,7 +60,7 @@ def test_verl_dataset_reads_the_parquet(data_dir, tmp_path, tokenizer):
     from verl.utils.dataset.rl_dataset import RLHFDataset
 
     from verl_memagent.agent import verl_trainer_config
-    from verl_memagent.agent.turns import question_of
+    from verl_memagent.agent.trajectory import question_of
 
     out, _ = prepare([str(data_dir / "qa_multihop.jsonl")], tmp_path / "mh.parquet", "mem1", limit=5)
     config = verl_trainer_config().data

@@ -17,6 +17,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from hydra.errors import ConfigCompositionException
+from released_values import RELEASED, RELEASED_AGENT
 
 from verl_memagent.cli import main as cli
 from verl_memagent.recipe_check import check_config, compose, dry_run
@@ -123,85 +124,6 @@ def test_unhealthy_retriever_fails_fast(prepared, tiny_model_dir):
     assert f"retriever at {url} is not healthy" in done.stderr
 
 
-#: released training values each recipe must compose to (docs/fidelity.md gives the reasons where
-#: ours differ): config key -> value, with the released file and line
-RELEASED = {
-    "memsearcher": {  # icip-cas/MemSearcher@83a3bea train.sh and verl/trainer/config/ppo_trainer.yaml
-        "data.train_batch_size": 256,  # train.sh:9
-        "data.max_response_length": 6024,  # train.sh:13
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 128,  # train.sh:10
-        # mini-batches of 128 x n turn rows, the released count (fsdp_workers.py:117-118, dp_actor.py:256)
-        "algorithm.multi_context.fixed_optimizer_steps": False,
-        "actor_rollout_ref.actor.optim.lr": 1e-6,  # train.sh:11
-        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.0,  # ppo_trainer.yaml:63
-        "actor_rollout_ref.actor.use_kl_loss": True,  # train.sh:64
-        "actor_rollout_ref.actor.kl_loss_coef": 0.001,  # train.sh:65
-        "actor_rollout_ref.actor.kl_loss_type": "low_var_kl",  # train.sh:66
-        "actor_rollout_ref.actor.entropy_coeff": 0.001,  # ppo_trainer.yaml:50
-        "actor_rollout_ref.actor.clip_ratio": 0.2,  # ppo_trainer.yaml:45
-        "actor_rollout_ref.actor.clip_ratio_c": 3.0,  # ppo_trainer.yaml:48
-        "actor_rollout_ref.actor.loss_agg_mode": "token-mean",  # ppo_trainer.yaml:49
-        "actor_rollout_ref.actor.ppo_epochs": 1,  # ppo_trainer.yaml:55
-        "actor_rollout_ref.actor.grad_clip": 1.0,  # ppo_trainer.yaml:43
-        "actor_rollout_ref.rollout.n": 5,  # train.sh:18
-        "actor_rollout_ref.rollout.temperature": 1.0,  # ppo_trainer.yaml:89
-        "actor_rollout_ref.rollout.top_p": 0.99,  # vllm_rollout_spmd.py:593
-        "actor_rollout_ref.rollout.top_k": 10000,  # vllm_rollout_spmd.py:594
-        "algorithm.use_kl_in_reward": False,  # ppo_trainer.yaml:196
-        "trainer.total_epochs": 1,  # train.sh:31
-        "reward.custom_reward_function.name": "f1_with_format",  # re_call.py:165-184
-    },
-    "mem1": {  # MIT-MI/MEM1@6f22061 Mem1/train/train_ppo.sh and verl/trainer/config/ppo_trainer.yaml
-        "data.train_batch_size": 128,  # train_ppo.sh:33
-        "data.max_prompt_length": 4096,  # train_ppo.sh:35
-        "data.max_response_length": 1000,  # train_ppo.sh:36
-        "algorithm.gamma": 1.0,  # ppo_trainer.yaml:150
-        "algorithm.lam": 1.0,  # ppo_trainer.yaml:151
-        "algorithm.kl_penalty": "kl",  # ppo_trainer.yaml:154
-        "algorithm.use_kl_in_reward": True,  # ppo_trainer.yaml:155-157 (KL in the reward, gae)
-        "algorithm.kl_ctrl.kl_coef": 0.001,  # train_ppo.sh:69
-        "actor_rollout_ref.actor.optim.lr": 1e-6,  # train_ppo.sh:42
-        "actor_rollout_ref.actor.optim.lr_warmup_steps_ratio": 0.05,  # train_ppo.sh:45
-        "actor_rollout_ref.actor.ppo_mini_batch_size": 64,  # train_ppo.sh:46
-        # 2 optimizer steps per step: the released mini-batch holds 64 trajectories, one packed row each
-        "algorithm.multi_context.fixed_optimizer_steps": True,
-        "actor_rollout_ref.actor.clip_ratio_c": float("inf"),  # no dual clip (core_algos.py:165-197)
-        "actor_rollout_ref.actor.entropy_coeff": 0.001,  # ppo_trainer.yaml:35
-        "actor_rollout_ref.actor.clip_ratio": 0.2,  # ppo_trainer.yaml:34
-        "actor_rollout_ref.actor.use_kl_loss": False,  # ppo_trainer.yaml:36
-        "actor_rollout_ref.actor.ppo_epochs": 1,  # ppo_trainer.yaml:39
-        "actor_rollout_ref.actor.grad_clip": 1.0,  # ppo_trainer.yaml:32
-        "actor_rollout_ref.rollout.n": 1,  # train_ppo.sh:57
-        "actor_rollout_ref.rollout.temperature": 1.0,  # train_ppo.sh:58
-        "actor_rollout_ref.rollout.top_p": 0.95,  # ppo_trainer.yaml:71
-        "critic.optim.lr": 1e-5,  # train_ppo.sh:60
-        "critic.optim.lr_warmup_steps_ratio": 0.015,  # train_ppo.sh:62
-        "critic.ppo_mini_batch_size": 64,  # ppo_trainer.yaml:116
-        "critic.cliprange_value": 0.5,  # ppo_trainer.yaml:126
-        "trainer.total_epochs": 3,  # train_ppo.sh:82
-        "trainer.total_training_steps": 500,  # train_ppo.sh:83
-        "reward.custom_reward_function.name": "multi_objective_em",
-    },
-}
-#: the agent-loop settings each paper agent's defaults must hold (agent_loops.yaml)
-RELEASED_AGENT = {
-    "memsearcher": {  # train.sh:22; no cap on the tool result (vllm_rollout_spmd.py:452-455, 667-679)
-        "max_turns": 5,
-        "max_new_tokens": 512,
-        "topk": 10,
-        "memory_overflow": "end",
-        "observation_max_tokens": None,
-        "action_rules": "released",  # vllm_rollout_spmd.py:612-679, re_call.py:97-184
-    },
-    "mem1": {  # train_ppo.sh:10,36,38,88
-        "max_turns": 6,
-        "max_new_tokens": 1000,
-        "topk": 3,
-        "require_state": False,
-        "observation_max_tokens": 1000,
-        "released_history_cut": False,  # ours: the released cut loses the question (docs/fidelity.md)
-    },
-}  # react: memsearcher's, checked by test_react_differs_from_memsearcher_only_in_context_management
 #: the keys in which react's composed config may differ from memsearcher's: the agent, the run's name
 #: and the response length its growing context needs, plus the keys verl derives from them
 CONTEXT_KEYS = {

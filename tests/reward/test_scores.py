@@ -19,7 +19,7 @@ def test_f1_with_format_three_levels():
     assert wrong["score"] == 0.1 and wrong["f1"] == 0.0
     broken = f1_with_format("nq", "<think>t</think> Barack Obama", golds, {})
     assert broken["score"] == 0.0 and broken["format_ok"] == 0.0
-    # without a record the text is one ended assistant turn under the released rule (reward/formats.py)
+    # without a record the text is one ended assistant turn under the released rule (verl_memagent/grammar.py)
     assert f1_with_format("nq", r"\boxed{Barack Obama}", golds, {})["score"] == 0.0  # no think block
     assert f1_with_format("nq", r"<think>a</think><think>b</think>\boxed{Barack Obama}", golds, {})["score"] == 1.0
 

@@ -19,10 +19,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_memagent.agent.parsing import parse_tag_action
-from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, ToolCall, Trajectory
+from verl_memagent.agent.parsing import ActionKind, parse_tag_action
+from verl_memagent.agent.settings import PROMPT_STYLES
+from verl_memagent.agent.trajectory import Context, Generation, ToolCall, Trajectory, TurnFormat
+from verl_memagent.agent.turns import SearchAgentLoop
 from verl_memagent.data.compose import TASK_PREFIX
-from verl_memagent.reward.answers import extract_tag
+from verl_memagent.grammar import closing, enclosed, extract_tag, opened, opening
+from verl_memagent.output_fields import FinishReason
 from verl_memagent.search import Document
 
 
@@ -54,12 +57,16 @@ def released_history_prompt(history: list[int], prompt_tokens: int, kept_tokens:
 
 
 class Mem1AgentLoop(SearchAgentLoop):
+    """`mem1`: each turn the question, the previous turn (its state and action) and that turn's observation."""
+
     agent = "mem1"
-    stop_tags = ("search", "answer")
+    #: every style stops at the closing action tags (the released code cut the response there)
+    turn_formats = dict.fromkeys(PROMPT_STYLES, TurnFormat(stop_tags=("search", "answer"), tool_calls=False))
     default_tags = {"state": "think", "search": "search", "answer": "answer", "information": "information"}
 
     @property
     def style(self) -> str:
+        """The prompt style: it picks the documents' format, the observation cut and the carried ids."""
         return self.settings.prompt_style
 
     def format_documents(self, documents: list[Document]) -> str:
@@ -81,12 +88,10 @@ class Mem1AgentLoop(SearchAgentLoop):
         tag = self.tags["state"]
         state = extract_tag(text, tag)
         if state is None:
-            return None, "unclosed_tag" if f"<{tag}>" in text else "no_state"
-        action_start = min(
-            (text.find(f"<{self.tags[t]}>") for t in ("search", "answer") if f"<{self.tags[t]}>" in text),
-            default=len(text),
-        )
-        return (state, "") if text.find(f"</{tag}>") < action_start else (None, "no_state")
+            return None, FinishReason.UNCLOSED_TAG if opened(text, tag) else FinishReason.NO_STATE
+        actions = [self.tags[role] for role in ("search", "answer")]
+        action_start = min((text.find(opening(t)) for t in actions if opened(text, t)), default=len(text))
+        return (state, "") if text.find(closing(tag)) < action_start else (None, FinishReason.NO_STATE)
 
     def kept_ids(self, generation: Generation) -> list[int]:
         """The generated ids the next context keeps: from the first `<think>` on (released), or all.
@@ -95,7 +100,7 @@ class Mem1AgentLoop(SearchAgentLoop):
         tag that starts inside a token keeps that whole token.
         """
         ids = list(generation.token_ids)
-        start = generation.text.find(f"<{self.tags['state']}>")
+        start = generation.text.find(opening(self.tags["state"]))
         if self.style == "ours" or start <= 0:
             return ids
         for cut in range(len(ids)):
@@ -114,29 +119,34 @@ class Mem1AgentLoop(SearchAgentLoop):
     def calls_to_run(
         self, trajectory: Trajectory, context: Context, generation: Generation, last_turn: bool
     ) -> list[ToolCall]:
-        """The turn's search, after recording the state written before it (cut to `memory_max_tokens`).
-        An invalid action, a missing state (`require_state`), a state over the cap (unless `truncate`),
-        an answer or a search in the last turn ends the trajectory instead."""
+        """The turn's search, once the state written before it is recorded (`record_state`). An invalid
+        action, a missing state (`require_state`), a state over the cap (unless `truncate`), an answer
+        or a search in the last turn ends the trajectory instead."""
         action = parse_tag_action(generation.text, self.tags["search"], self.tags["answer"])
-        if action.kind == "invalid":
+        if action.kind == ActionKind.INVALID:
             trajectory.finish(action.reason)
             return []
         state, reason = self.state_of(generation.text)
         if state is None and self.settings.require_state:
             trajectory.finish(reason)
             return []
-        context.memory_written = state is not None
-        state, _, context.memory_truncated = self.truncate(state or "", self.settings.memory_max_tokens)
-        context.memory = state if context.memory_written else None
+        self.record_state(context, state)
         if context.memory_truncated and self.settings.memory_overflow != "truncate":
-            trajectory.finish("memory_overflow", penalised=self.settings.memory_overflow == "penalty")
-        elif action.kind == "answer":
-            trajectory.finish("answer", answer=action)
+            trajectory.finish(FinishReason.MEMORY_OVERFLOW, penalised=self.settings.memory_overflow == "penalty")
+        elif action.kind == ActionKind.ANSWER:
+            trajectory.finish(FinishReason.ANSWER, answer=action)
         elif last_turn:
-            trajectory.finish("max_turns")
+            trajectory.finish(FinishReason.MAX_TURNS)
         else:
             return [ToolCall(text=action.query, query=action.query)]
         return []
+
+    def record_state(self, context: Context, state: str | None) -> None:
+        """Record on the context the state its turn wrote (None: none), cut to `memory_max_tokens`:
+        what the next context carries (`carried_state`) and the memory fields of its output."""
+        context.memory_written = state is not None
+        state, _, context.memory_truncated = self.truncate(state or "", self.settings.memory_max_tokens)
+        context.memory = state if context.memory_written else None
 
     def carried_state(self, context: Context) -> tuple[str, int]:
         """The state the next context carries (empty when none was written) and its tokens, as
@@ -156,9 +166,9 @@ class Mem1AgentLoop(SearchAgentLoop):
             context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens, memory_before=carried_state)
             trajectory.contexts.append(context)
             step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
-            if step is None:
+            if step.ended:
                 return None
-            generation, (call,), (documents,) = step
+            generation, (call,), (documents,) = step.generation, step.calls, step.results
             carried_state, carried_state_tokens = self.carried_state(context)
             observation = self.prompts.render(
                 "observation", documents=documents, turns_left=max_turns - turn - 1, last_turn=turn + 2 == max_turns
@@ -168,8 +178,8 @@ class Mem1AgentLoop(SearchAgentLoop):
                 continue
             # a cut state goes into the next prompt encoded; this context's sample keeps what was sampled
             if context.memory_truncated:
-                state = f"<{tags['state']}>{carried_state}</{tags['state']}>"
-                kept = self.encode(f"{state}\n<{tags['search']}>{call.query}</{tags['search']}>")
+                state = enclosed(tags["state"], carried_state)
+                kept = self.encode(f"{state}\n{enclosed(tags['search'], call.query)}")
             else:
                 kept = self.kept_ids(generation)
             observation_ids = self.observation_ids(observation)

@@ -18,13 +18,15 @@ TokenTemplate did; `released_eval` encodes the whole text, as SGLang did for the
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 from functools import cached_property
 from itertools import chain
 from typing import Any
 
 from verl_memagent.agent.parsing import parse_memory
-from verl_memagent.agent.tool_calls import ToolCallAgentLoop
-from verl_memagent.agent.turns import Context, ToolCall, Trajectory
+from verl_memagent.agent.tool_calls import RELEASED_FORMAT, ToolCallAgentLoop
+from verl_memagent.agent.trajectory import Context, ToolCall, Trajectory, TurnFormat
+from verl_memagent.output_fields import CallFinish, FinishReason
 
 #: stand-ins for the question and memory while the template renders, split out again by `released_train`
 _QUESTION = "\u2063memagent-question\u2063"
@@ -32,8 +34,14 @@ _MEMORY = "\u2063memagent-memory\u2063"
 
 
 class MemSearcherAgentLoop(ToolCallAgentLoop):
+    """`memsearcher`: each turn a fresh context of the question and the memory it rewrites (module docstring)."""
+
     agent = "memsearcher"
-    ours_stop_tags = ("tool_call", "memory")
+    turn_formats = {
+        "released_train": RELEASED_FORMAT,
+        "released_eval": RELEASED_FORMAT,
+        "ours": TurnFormat(stop_tags=("tool_call", "memory"), tool_calls=True),
+    }
     default_tags = {"think": "think", "tool_call": "tool_call", "question": "question", "memory": "memory"}
 
     @cached_property
@@ -61,6 +69,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         return list(chain.from_iterable(encoded))
 
     async def turn_prompt_ids(self, question: str, memory: str, turn: int) -> list[int]:
+        """Token ids of turn `turn`'s prompt: the question and the memory written before it."""
         max_turns = self.settings.max_turns
         if self.released:
             return self.released_prompt_ids({_QUESTION: question, _MEMORY: memory})
@@ -74,7 +83,8 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         """The action, opened by the prompt's `<think>`, then the memory rewrite (opened by nothing)."""
         return [self.action_text(text) for text in context.texts[:1]] + context.texts[1:]
 
-    def tool_messages(self, calls: list[ToolCall], results: list[str]) -> list[dict]:
+    def tool_messages(self, calls: Sequence[ToolCall], results: Sequence[str]) -> list[dict]:
+        """`ours`: each result as a tool message, then the rewrite instruction; released: one user turn with both."""
         if self.released:
             return super().tool_messages(calls, results)
         tool_turns = [{"role": "tool", "content": result} for result in results]
@@ -89,17 +99,17 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
             trajectory.contexts.append(context)
 
             step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
-            if step is None:
+            if step.ended:
                 return None
-            action_gen, calls, results = step
             # the history's text only tells verl's token builder where the new turn starts
-            history = [{"role": "user", "content": ""}, {"role": "assistant", "content": action_gen.text}]
-            if not await self.insert_messages(context, history, self.tool_messages(calls, results), tools=self.tools):
-                return trajectory.finish("context_limit")
+            history = [{"role": "user", "content": ""}, {"role": "assistant", "content": step.generation.text}]
+            messages = self.tool_messages(step.calls, step.results)
+            if not await self.insert_messages(context, history, messages, tools=self.tools):
+                return trajectory.finish(FinishReason.CONTEXT_LIMIT)
 
             memory_gen = await self.generate(context, sampling_params)
             if memory_gen is None:
-                return trajectory.finish("context_limit")
+                return trajectory.finish(FinishReason.CONTEXT_LIMIT)
             new_memory, closed = parse_memory(memory_gen.text, self.tags["memory"])
             if self.settings.prompt_style == "released_eval":
                 # the released inference client goes on with whatever memory it read, or none (memsearcher.py:289-310)
@@ -107,13 +117,13 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
                 memory_tokens, context.memory_written = len(self.encode(memory)), bool(memory)
                 continue
             if not new_memory:  # the released code goes on only with a non-empty memory
-                return trajectory.finish("no_memory")
+                return trajectory.finish(FinishReason.NO_MEMORY)
             context.memory_written = True
             memory, memory_tokens, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
             context.memory = memory
             overflow_mode = self.settings.memory_overflow
-            if (memory_gen.finish == "length" or not closed or truncated) and overflow_mode != "truncate":
+            if (memory_gen.finish == CallFinish.LENGTH or not closed or truncated) and overflow_mode != "truncate":
                 # `end`: the released code stops a trajectory whose rewrite ran out of tokens or is too long
-                return trajectory.finish("memory_overflow", penalised=overflow_mode == "penalty")
+                return trajectory.finish(FinishReason.MEMORY_OVERFLOW, penalised=overflow_mode == "penalty")
             context.memory_truncated = truncated
-        return trajectory.finish("max_turns")
+        return trajectory.finish(FinishReason.MAX_TURNS)

@@ -8,22 +8,12 @@ the agent setting `action_rules`:
   after its opening) runs every call it holds (`released_tool_calls`); a call that cannot run gets
   the released client's (or its retriever's) error text as its result (`released_call`) and the
   trajectory goes on. A turn without a call ends the trajectory, and the released reward judges it
-  (`reward.formats.released_verdict`).
+  (`grammar.released_verdict`).
 - `strict` (ours): `parse_tool_call_action` maps each turn to exactly one `Action`; a malformed one is
-  `kind="invalid"` with a reason code the loops report as the trajectory's finish reason.
+  invalid, with the `FinishReason` (output_fields.py: `no_action`, `unclosed_tag`, ...) the loops
+  report as the trajectory's finish reason.
 
 Search-R1's and MEM1's tag format (`<search>`, `<answer>`) has one rule set, `parse_tag_action`.
-
-| reason | output |
-| --- | --- |
-| `no_action` | neither a search nor an answer |
-| `unclosed_tag` | an action tag (or box) opened and never closed |
-| `search_and_answer` | both a search and an answer |
-| `several_calls` | (strict) more than one tool call |
-| `empty_query` | a search with a blank query |
-| `empty_answer` | an answer with blank content |
-| `bad_tool_call` | a tool call that is not JSON `{"name": <tool>, "arguments": {"query": str}}` |
-| `no_state` | (mem1) an action without the internal state before it |
 
 An answer also carries the agent's format verdict (`format_ok`), which the loops record with the answer
 for the rewards (`reward.scores`): they score what the agent parsed with its own tags.
@@ -35,8 +25,8 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from verl_memagent.reward.answers import extract_tag, tag_spans
-from verl_memagent.reward.formats import strict_verdict
+from verl_memagent.grammar import BOX, closing, extract_tag, opened, opening, strict_verdict, tag_spans, tags_paired
+from verl_memagent.output_fields import FinishReason
 
 #: the result texts the released MemSearcher client shows for a call it cannot search with
 #: (vllm_rollout_spmd.py:436-445) and the answers of its retriever it shows as `error: <status>`
@@ -48,58 +38,52 @@ QUERY_NOT_TEXT = "error: 422"
 BLANK_QUERY = "error: 400"
 
 
+class ActionKind:
+    """What a turn did: searched, answered, or neither (invalid: the trajectory ends)."""
+
+    SEARCH = "search"
+    ANSWER = "answer"
+    INVALID = "invalid"
+
+
 @dataclass(frozen=True)
 class Action:
-    """One parsed action: `search` (with query), `answer` (with answer and format verdict) or `invalid`
-    (with reason)."""
+    """One parsed action: a search (with query), an answer (with answer and format verdict) or invalid
+    (with the `FinishReason` that ends the trajectory)."""
 
-    kind: str
+    kind: str  # an `ActionKind`
     query: str = ""
     answer: str = ""
     reason: str = ""
     format_ok: bool = False
 
     @classmethod
+    def search(cls, query: str) -> Action:
+        return cls(ActionKind.SEARCH, query=query)
+
+    @classmethod
+    def answered(cls, answer: str, format_ok: bool) -> Action:
+        return cls(ActionKind.ANSWER, answer=answer, format_ok=format_ok)
+
+    @classmethod
     def invalid(cls, reason: str) -> Action:
-        return cls("invalid", reason=reason)
-
-
-def _opened(text: str, tag: str) -> bool:
-    return f"<{tag}>" in text
-
-
-def tags_paired(text: str, tag: str) -> bool:
-    """As many closing as opening `tag`s, the i-th closing after the i-th opening (the released check
-    of tool calls and memories)."""
-    opening, closing = f"<{tag}>", f"</{tag}>"
-    if text.count(opening) != text.count(closing):
-        return False
-    opens = _positions(text, opening)
-    return all(start < end for start, end in zip(opens, _positions(text, closing), strict=True))
-
-
-def _positions(text: str, needle: str) -> list[int]:
-    positions, start = [], text.find(needle)
-    while start >= 0:
-        positions.append(start)
-        start = text.find(needle, start + len(needle))
-    return positions
+        return cls(ActionKind.INVALID, reason=reason)
 
 
 def parse_tag_action(text: str, search_tag: str = "search", answer_tag: str = "answer") -> Action:
     """Search-R1 / MEM1 actions: `<search> q </search>` or `<answer> a </answer>` (any answer is well formed)."""
-    if _opened(text, search_tag) and _opened(text, answer_tag):
-        return Action.invalid("search_and_answer")
-    for tag, kind in ((answer_tag, "answer"), (search_tag, "search")):
-        if not _opened(text, tag):
+    if opened(text, search_tag) and opened(text, answer_tag):
+        return Action.invalid(FinishReason.SEARCH_AND_ANSWER)
+    for tag, kind in ((answer_tag, ActionKind.ANSWER), (search_tag, ActionKind.SEARCH)):
+        if not opened(text, tag):
             continue
         content = extract_tag(text, tag)
         if content is None:
-            return Action.invalid("unclosed_tag")
+            return Action.invalid(FinishReason.UNCLOSED_TAG)
         if not content:
-            return Action.invalid("empty_query" if kind == "search" else "empty_answer")
-        return Action("search", query=content) if kind == "search" else Action("answer", answer=content, format_ok=True)
-    return Action.invalid("no_action")
+            return Action.invalid(FinishReason.EMPTY_QUERY if kind == ActionKind.SEARCH else FinishReason.EMPTY_ANSWER)
+        return Action.search(content) if kind == ActionKind.SEARCH else Action.answered(content, format_ok=True)
+    return Action.invalid(FinishReason.NO_ACTION)
 
 
 def released_tool_calls(text: str, tool_call_tag: str = "tool_call") -> list[str]:
@@ -141,28 +125,28 @@ def parse_tool_call_action(
     text: str, tool_name: str, tool_call_tag: str = "tool_call", think_tag: str = "think"
 ) -> Action:
     """MemSearcher actions under the `strict` rules: one `<tool_call>` JSON search, or a `\\boxed{answer}`
-    with the strict format verdict (`reward.formats.strict_verdict`)."""
-    has_call, has_box = _opened(text, tool_call_tag), "\\boxed{" in text
+    with the strict format verdict (`grammar.strict_verdict`)."""
+    has_call, has_box = opened(text, tool_call_tag), BOX + "{" in text
     if has_call and has_box:
-        return Action.invalid("search_and_answer")
+        return Action.invalid(FinishReason.SEARCH_AND_ANSWER)
     if has_box:
         answer, format_ok = strict_verdict(text, think_tag, tool_call_tag)
         if answer is None:
-            return Action.invalid("unclosed_tag")
+            return Action.invalid(FinishReason.UNCLOSED_TAG)
         if not answer:
-            return Action.invalid("empty_answer")
-        return Action("answer", answer=answer, format_ok=format_ok)
+            return Action.invalid(FinishReason.EMPTY_ANSWER)
+        return Action.answered(answer, format_ok=format_ok)
     if not has_call:
-        return Action.invalid("no_action")
+        return Action.invalid(FinishReason.NO_ACTION)
     calls = tag_spans(text, tool_call_tag)
     if not calls:
-        return Action.invalid("unclosed_tag")
+        return Action.invalid(FinishReason.UNCLOSED_TAG)
     if len(calls) > 1:
-        return Action.invalid("several_calls")
+        return Action.invalid(FinishReason.SEVERAL_CALLS)
     query = _strict_query(calls[0], tool_name)
     if query is None:
-        return Action.invalid("bad_tool_call")
-    return Action("search", query=query.strip()) if query.strip() else Action.invalid("empty_query")
+        return Action.invalid(FinishReason.BAD_TOOL_CALL)
+    return Action.search(query.strip()) if query.strip() else Action.invalid(FinishReason.EMPTY_QUERY)
 
 
 def parse_memory(text: str, memory_tag: str = "memory") -> tuple[str | None, bool]:
@@ -173,8 +157,7 @@ def parse_memory(text: str, memory_tag: str = "memory") -> tuple[str | None, boo
     if tags_paired(text, memory_tag):
         spans = tag_spans(text, memory_tag)
         return (spans[0], True) if spans else (None, False)
-    opening, closing = f"<{memory_tag}>", f"</{memory_tag}>"
-    last = text.rfind(opening)
-    if last < 0 or closing in text[last:]:
+    last = text.rfind(opening(memory_tag))
+    if last < 0 or closing(memory_tag) in text[last:]:
         return None, False
-    return text[last + len(opening) :].strip(), False
+    return text[last + len(opening(memory_tag)) :].strip(), False

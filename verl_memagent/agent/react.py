@@ -13,16 +13,25 @@ With `prompt_style: ours` it is the Search-R1 format: `<search> q </search>`, th
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from verl_memagent.agent.parsing import Action, parse_tag_action
-from verl_memagent.agent.tool_calls import ToolCallAgentLoop
-from verl_memagent.agent.turns import Context, ToolCall, Trajectory
+from verl_memagent.agent.tool_calls import RELEASED_FORMAT, ToolCallAgentLoop
+from verl_memagent.agent.trajectory import Context, ToolCall, Trajectory, TurnFormat
+from verl_memagent.output_fields import FinishReason
 
 
 class ReactAgentLoop(ToolCallAgentLoop):
+    """`react`: the baseline whose one context grows with every search (module docstring)."""
+
     agent = "react"
-    ours_stop_tags = ("search", "answer")
+    #: `ours` is Search-R1's format: `<search>`, `<answer>`
+    turn_formats = {
+        "released_train": RELEASED_FORMAT,
+        "released_eval": RELEASED_FORMAT,
+        "ours": TurnFormat(stop_tags=("search", "answer"), tool_calls=False),
+    }
     default_tags = {
         "think": "think",
         "tool_call": "tool_call",
@@ -32,12 +41,9 @@ class ReactAgentLoop(ToolCallAgentLoop):
     }
     one_output_per_context = False
 
-    @property
-    def tool_call_format(self) -> bool:
-        return self.released
-
     def parse_action(self, text: str) -> Action:
-        if self.released:
+        """MemSearcher's tool-call format (the strict rules) where the style writes it, else Search-R1's tags."""
+        if self.turn_format.tool_calls:
             return super().parse_action(text)
         return parse_tag_action(text, self.tags["search"], self.tags["answer"])
 
@@ -53,15 +59,20 @@ class ReactAgentLoop(ToolCallAgentLoop):
         max_turns = self.settings.max_turns
         for turn in range(max_turns):
             step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
-            if step is None:
+            if step.ended:
                 return None
-            generation, calls, results = step
-            if not await self.add_tool_response(context, generation.text, calls, results, turn + 2 == max_turns):
-                return trajectory.finish("context_limit")
-        return trajectory.finish("max_turns")
+            last = turn + 2 == max_turns
+            if not await self.add_tool_response(context, step.generation.text, step.calls, step.results, last):
+                return trajectory.finish(FinishReason.CONTEXT_LIMIT)
+        return trajectory.finish(FinishReason.MAX_TURNS)
 
     async def add_tool_response(
-        self, context: Context, action_text: str, calls: list[ToolCall], results: list[str], last_turn: bool
+        self,
+        context: Context,
+        action_text: str,
+        calls: Sequence[ToolCall],
+        results: Sequence[str],
+        last_turn: bool,
     ) -> bool:
         """Append the tool response (masked); released: as a user turn, then the next `<think>` opening."""
         if not self.released:

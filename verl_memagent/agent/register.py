@@ -26,10 +26,23 @@ def agent_loop_entries() -> dict[str, DictConfig]:
 
 
 def _register(agent_loop: ModuleType) -> None:
-    # verl's `register(name)` decorator needs the class itself and writes only its path
-    # (experimental/agent_loop/agent_loop.py:470-475); the worker instantiates any entry it finds, as
-    # it does the entries of an agent-loop YAML, so the YAML's entries are written without the import.
-    agent_loop._agent_loop_registry.update(agent_loop_entries())
+    """Write the entries into verl's registry; a name another loop holds already is refused, naming both.
+
+    verl's `register(name)` decorator needs the class itself and writes only its path
+    (experimental/agent_loop/agent_loop.py:470-475); the worker instantiates any entry it finds, as
+    it does the entries of an agent-loop YAML, so the YAML's entries are written without the import.
+    That decorator overwrites a name silently; verl's other registries (estimators, trainers) refuse
+    a second registration, and so does this one: a loop of another plugin would otherwise vanish.
+    """
+    registry, entries = agent_loop._agent_loop_registry, agent_loop_entries()
+    taken = {name: registry[name] for name in entries if name in registry and registry[name] != entries[name]}
+    if taken:
+        held = ", ".join(f"{name!r} by {dict(entry).get('_target_')}" for name, entry in sorted(taken.items()))
+        raise ValueError(
+            f"verl_memagent cannot register its agent loops: the names are taken ({held}). Rename the other "
+            "loops, or leave this plugin out with VERL_USE_EXTERNAL_PLUGINS (a comma list without memagent)"
+        )
+    registry.update(entries)
 
 
 when_imported(AGENT_LOOP_MODULE, _register)

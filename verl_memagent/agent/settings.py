@@ -19,7 +19,7 @@ from typing import Any
 import jinja2
 from omegaconf import OmegaConf
 
-from verl_memagent.config_sections import reject_unknown_keys, require_choice
+from verl_memagent.config_sections import require_choice, typed_section
 
 PROMPTS_YAML = Path(__file__).with_name("prompts.yaml")
 
@@ -30,7 +30,7 @@ MEMORY_OVERFLOW_MODES = ("end", "truncate", "penalty")
 PROMPT_STYLES = ("released_train", "released_eval", "ours")
 
 #: how memsearcher and react read MemSearcher's tool-call format: as the released rollout and reward,
-#: or with the project's stricter rules (agent/parsing.py, reward/formats.py)
+#: or with the project's stricter rules (agent/parsing.py, grammar.py)
 ACTION_RULES = ("released", "strict")
 
 
@@ -71,7 +71,7 @@ class AgentSettings:
         trajectory at a turn without a call and records the released reward's verdict on the final
         context; a search in the last turn still runs (and memsearcher's memory rewrite after it).
         `strict` (ours) accepts one well-formed call or one answer in the strict format
-        (reward/formats.py) per turn, ends the trajectory with its reason on anything else, and runs no
+        (grammar.py) per turn, ends the trajectory with its reason on anything else, and runs no
         search in the last turn.
       require_state (mem1): a turn without a closed internal-state tag before its action ends the
         trajectory (`no_state`). Off in the released code, which checks no format during rollout.
@@ -115,13 +115,12 @@ class AgentSettings:
 
 
 def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str, Any]) -> AgentSettings:
-    """Merge YAML overrides (plain or OmegaConf values) over the defaults, type-checked by OmegaConf."""
-    reject_unknown_keys(f"{agent} agent settings", overrides, AgentSettings)
+    """YAML overrides (plain or OmegaConf values) over the defaults, each of its field's type
+    (`config_sections.typed_section`); `retriever_urls` may be one comma-separated string."""
     plain = OmegaConf.to_container(OmegaConf.create(dict(overrides)), resolve=True)
     if isinstance(plain.get("retriever_urls"), str):
         plain["retriever_urls"] = [url.strip() for url in plain["retriever_urls"].split(",") if url.strip()]
-    schema = OmegaConf.structured(AgentSettings)
-    merged = OmegaConf.to_object(OmegaConf.merge(schema, plain))
+    merged = typed_section(f"{agent} agent settings", plain, AgentSettings)
     merged.tags = {**default_tags, **merged.tags}
     merged.prompts = {**default_prompts(agent, merged.prompt_style), **merged.prompts}
     return merged
@@ -203,6 +202,7 @@ class Prompts:
                 raise ValueError(f"prompts.{name}: {exc}; templates may use {known}") from exc
 
     def render(self, name: str, **variables: Any) -> str:
+        """The template `name` filled with `variables` and the settings' constants (tags, tool name, memory cap)."""
         if variables:
             return self._templates[name].render(**self._constants, **variables)
         if name not in self._fixed:

@@ -6,15 +6,16 @@ importing the other.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from verl_memagent.agent.parsing import Action, parse_tool_call_action, released_call, released_tool_calls
-from verl_memagent.agent.turns import Context, Generation, SearchAgentLoop, ToolCall, Trajectory
-from verl_memagent.output_fields import OutputField
-from verl_memagent.reward.answers import tag_spans
-from verl_memagent.reward.formats import released_verdict
+from verl_memagent.agent.parsing import Action, ActionKind, parse_tool_call_action, released_call, released_tool_calls
+from verl_memagent.agent.trajectory import Context, Generation, ToolCall, Trajectory, TurnFormat
+from verl_memagent.agent.turns import SearchAgentLoop
+from verl_memagent.grammar import released_verdict, tag_spans
+from verl_memagent.output_fields import CallFinish, FinishReason, OutputField
 from verl_memagent.search import Document
 
 
@@ -43,25 +44,24 @@ def released_documents(documents: list[Document]) -> str:
     return "".join(f"{doc.contents}\\n\\n" for doc in documents).strip()
 
 
+#: the released prompt styles' format: MemSearcher's tool calls, and no stop string (a turn ends at the
+#: model's end-of-turn token, as in the released code)
+RELEASED_FORMAT = TurnFormat(stop_tags=(), tool_calls=True)
+
+
 class ToolCallAgentLoop(SearchAgentLoop):
     """What `memsearcher` and `react` share: MemSearcher's tool-call format, its context rendering and
     the rules of `action_rules` (released or strict) for which turns go on and how answers are judged."""
 
-    #: whether this loop writes MemSearcher's tool-call format (react's `ours` style is Search-R1's tags)
-    tool_call_format = True
-
     @property
     def released(self) -> bool:
+        """Whether the prompt style is a released one (`released_train`, `released_eval`)."""
         return self.settings.prompt_style != "ours"
 
     @property
     def released_rules(self) -> bool:
-        return self.settings.action_rules == "released" and self.tool_call_format
-
-    @property
-    def stop_tags(self) -> tuple[str, ...]:
-        """The released code sets no stop string: a turn ends at the model's end-of-turn token."""
-        return () if self.released else self.ours_stop_tags
+        """Whether `action_rules: released` applies: it reads MemSearcher's tool-call format only."""
+        return self.settings.action_rules == "released" and self.turn_format.tool_calls
 
     @property
     def tools(self) -> list[dict] | None:
@@ -95,12 +95,12 @@ class ToolCallAgentLoop(SearchAgentLoop):
         if self.released_rules:
             return self._released_calls(trajectory, generation)
         action = self.parse_action(generation.text)
-        if action.kind == "answer":
-            trajectory.finish("answer", answer=action)
-        elif action.kind == "invalid":
+        if action.kind == ActionKind.ANSWER:
+            trajectory.finish(FinishReason.ANSWER, answer=action)
+        elif action.kind == ActionKind.INVALID:
             trajectory.finish(action.reason)
         elif last_turn:  # strict: the last turn is for answering
-            trajectory.finish("max_turns")
+            trajectory.finish(FinishReason.MAX_TURNS)
         else:
             return [ToolCall(text=self._call_text(generation.text), query=action.query)]
         return []
@@ -109,11 +109,11 @@ class ToolCallAgentLoop(SearchAgentLoop):
         """Every call of a turn whose tags pair up (vllm_rollout_spmd.py:612-627); a turn cut by the token
         limit runs none in training (the released inference client does not look). A turn that runs
         none ends the trajectory: `answer` when the released reward accepts its format, else `bad_format`."""
-        cut = generation.finish == "length" and self.settings.prompt_style != "released_eval"
+        cut = generation.finish == CallFinish.LENGTH and self.settings.prompt_style != "released_eval"
         texts = [] if cut else released_tool_calls(self.action_text(generation.text), self.tags["tool_call"])
         if not texts:
             _, format_ok = self.final_verdict(trajectory.contexts[-1])
-            trajectory.finish("answer" if format_ok else "bad_format")
+            trajectory.finish(FinishReason.ANSWER if format_ok else FinishReason.BAD_FORMAT)
         return [ToolCall(text, *released_call(text)) for text in texts]
 
     def _call_text(self, text: str) -> str:
@@ -148,7 +148,7 @@ class ToolCallAgentLoop(SearchAgentLoop):
             output.extra_fields.update(extra)
         return outputs
 
-    def tool_messages(self, calls: list[ToolCall], results: list[str]) -> list[dict]:
+    def tool_messages(self, calls: Sequence[ToolCall], results: Sequence[str]) -> list[dict]:
         """The messages after a turn's calls: one user turn with every tool response (released)."""
         content = "".join(
             self.prompts.render("tool_response", call=call.text, documents=result)

@@ -1,10 +1,9 @@
-"""The turn machinery the three agents share: contexts, generation, search, limits and outputs.
+"""The turn machinery the three agents share, as verl's `AgentLoopBase`: generation, search, limits,
+the step every turn takes (`act`) and the outputs.
 
-A `Context` is one LLM context as it grows during a turn: prompt tokens, then response tokens with
-their mask (1 = sampled by the policy, 0 = inserted by us) and rollout log-probs. Sampled token ids
-go in exactly as the server returned them; only observations and chat-template tokens are encoded.
-Each finished context becomes one `AgentLoopOutput` (one training sample) carrying the trajectory id
-and turn index the per-turn estimators group by.
+The trajectory's data (contexts, generations, calls) is plain data in `agent/trajectory.py`. Each
+finished context becomes one `AgentLoopOutput` (one training sample) carrying the trajectory id and
+turn index the per-turn estimators group by.
 """
 
 from __future__ import annotations
@@ -12,9 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-import uuid
-from collections.abc import Callable
-from dataclasses import dataclass, field
+from collections.abc import Callable, Mapping
 from functools import cache, lru_cache
 from typing import Any, ClassVar
 
@@ -22,9 +19,10 @@ import httpx
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 from verl.utils.tokenizer.chat_template import initialize_turn_separator
 
-from verl_memagent.agent.parsing import Action
 from verl_memagent.agent.settings import AgentSettings, ByValue, parsed_settings
-from verl_memagent.output_fields import OutputField
+from verl_memagent.agent.trajectory import Context, Generation, Step, ToolCall, Trajectory, TurnFormat, question_of
+from verl_memagent.grammar import closing
+from verl_memagent.output_fields import CallFinish, FinishReason, OutputField
 from verl_memagent.search import Document, RetrieverClient, RetrieverError, format_documents
 from verl_memagent.trajectories.schema import CallSpan, PassageRef, SearchLog, TurnLog
 
@@ -86,92 +84,6 @@ def assistant_turn_close_ids(tokenizer, chat_template_kwargs: dict | None = None
     return ids
 
 
-@dataclass
-class Generation:
-    """One generate call: the sampled ids and log-probs, their text (for parsing only), why it ended."""
-
-    token_ids: list[int]
-    log_probs: list[float] | None
-    text: str
-    finish: str  # "eos", "stop" (a stop string) or "length"
-
-
-@dataclass
-class Context:
-    """One LLM context: prompt ids, then response ids with mask and log-probs, plus its counters."""
-
-    prompt_ids: list[int]
-    response_ids: list[int] = field(default_factory=list)
-    response_mask: list[int] = field(default_factory=list)
-    response_logprobs: list[float] | None = field(default_factory=list)
-    #: the text of each generate call in this context, in order (what the rewards judge)
-    texts: list[str] = field(default_factory=list)
-    prefill_tokens: int = 0
-    generate_calls: int = 0
-    searches: int = 0
-    retriever_errors: int = 0
-    memory_tokens: int = 0
-    memory_truncated: bool = False
-    memory_written: bool = False
-    generate_s: float = 0.0
-    search_s: float = 0.0
-    server_fields: dict[str, Any] = field(default_factory=dict)
-    # what the turns did, for trajectory records (`turn_log` in the outputs)
-    calls: list[CallSpan] = field(default_factory=list)
-    search_log: list[tuple[int, SearchLog]] = field(default_factory=list)  # (calls made before it, search)
-    memory_before: str | None = None  # the memory (MEM1: state) this context holds; None: the agent has none
-    memory: str | None = None  # the memory (state) written in this context, after its cap
-
-    @property
-    def token_ids(self) -> list[int]:
-        return self.prompt_ids + self.response_ids
-
-    @property
-    def length(self) -> int:
-        """len(token_ids), without building the list."""
-        return len(self.prompt_ids) + len(self.response_ids)
-
-    def add_generated(self, generation: Generation) -> None:
-        self.texts.append(generation.text)
-        self.response_ids += generation.token_ids
-        self.response_mask += [1] * len(generation.token_ids)
-        if self.response_logprobs is not None and generation.log_probs is not None:
-            self.response_logprobs += generation.log_probs
-        else:
-            self.response_logprobs = None
-
-    def add_inserted(self, token_ids: list[int]) -> None:
-        self.response_ids += token_ids
-        self.response_mask += [0] * len(token_ids)
-        if self.response_logprobs is not None:
-            self.response_logprobs += [0.0] * len(token_ids)
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One call a turn runs: its text between the tags (the released tool response repeats it) and
-    the query it searches, or, when it cannot search, the text the model gets instead."""
-
-    text: str
-    query: str | None
-    error: str = ""
-
-
-@dataclass
-class Trajectory:
-    """The contexts of one run() call and how the run ended."""
-
-    id: str = field(default_factory=lambda: uuid.uuid4().hex)
-    question: str = ""
-    contexts: list[Context] = field(default_factory=list)
-    finish_reason: str = ""
-    penalised: bool = False
-    answer: Action | None = None  # the final answer action, parsed with the agent's tags
-
-    def finish(self, reason: str, penalised: bool = False, answer: Action | None = None) -> None:
-        self.finish_reason, self.penalised, self.answer = reason, penalised, answer
-
-
 class SearchAgentLoop(AgentLoopBase):
     """Base of the memsearcher, mem1 and react loops: verl's constructor plus our settings.
 
@@ -184,8 +96,8 @@ class SearchAgentLoop(AgentLoopBase):
 
     agent: ClassVar[str]
     default_tags: ClassVar[dict[str, str]]
-    #: tag roles whose closing tag ends a generate call (unless `settings.stop` is given)
-    stop_tags: ClassVar[tuple[str, ...]]
+    #: how the agent writes its turns under each prompt style (stop tags, tool-call format)
+    turn_formats: ClassVar[Mapping[str, TurnFormat]]
     #: memsearcher and mem1 return one output per context; react's single context is returned bare
     one_output_per_context: ClassVar[bool] = True
 
@@ -207,6 +119,7 @@ class SearchAgentLoop(AgentLoopBase):
         )
         self.settings, self.prompts = parsed_settings(self.agent, ByValue(self.default_tags), ByValue(settings))
         self.tags = self.settings.tags
+        self.turn_format = self.turn_formats[self.settings.prompt_style]
         rollout = self.rollout_config
         self.response_cap = int(rollout.response_length)
         self.context_cap = self.settings.context_max_tokens or int(rollout.prompt_length) + self.response_cap
@@ -220,6 +133,7 @@ class SearchAgentLoop(AgentLoopBase):
     # ---- verl entry point -------------------------------------------------------------------------
 
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput] | AgentLoopOutput:
+        """verl's entry point: play one trajectory for a dataset row (`kwargs`) and return its outputs."""
         trajectory = Trajectory(question=question_of(kwargs))
         self._request_id = trajectory.id
         self._priority = int(kwargs.get("priority", 0))
@@ -235,9 +149,11 @@ class SearchAgentLoop(AgentLoopBase):
 
     @property
     def stop(self) -> list[str]:
+        """The stop strings of every generate call: the `stop` setting, else the closing tags of the
+        turn format's stop tags."""
         if self.settings.stop is not None:
             return list(self.settings.stop)
-        return [f"</{self.tags[role]}>" for role in self.stop_tags]
+        return [closing(self.tags[role]) for role in self.turn_format.stop_tags]
 
     @property
     def documents_cap(self) -> int | None:
@@ -315,11 +231,11 @@ class SearchAgentLoop(AgentLoopBase):
         ids = list(output.token_ids)
         text = self.tokenizer.decode(ids, skip_special_tokens=True)
         if ids and ids[-1] in self.eos_ids:
-            finish = "eos"
+            finish = CallFinish.EOS
         elif any(stop in text for stop in self.stop):
-            finish = "stop"
+            finish = CallFinish.STOP
         else:
-            finish = "length" if len(ids) >= budget else "eos"
+            finish = CallFinish.LENGTH if len(ids) >= budget else CallFinish.EOS
         log_probs = list(output.log_probs) if output.log_probs is not None else None
         generation = Generation(ids, log_probs, text, finish)
         start = context.length
@@ -329,20 +245,17 @@ class SearchAgentLoop(AgentLoopBase):
 
     async def act(
         self, trajectory: Trajectory, context: Context, sampling_params: dict[str, Any], last_turn: bool
-    ) -> tuple[Generation, list[ToolCall], list[str]] | None:
+    ) -> Step:
         """The step every agent's turn takes: generate the action, let `calls_to_run` decide what the turn
-        runs (ending the trajectory where it ends here) and run it. Returns the generation, the calls
-        and each call's result (documents, or the text a call that cannot search shows); None when the
-        trajectory ended at this turn (`context_limit` when the context had no room to generate)."""
+        runs (ending the trajectory where it ends here) and run it. A step without calls has ended the
+        trajectory (`context_limit` when the context had no room to generate)."""
         generation = await self.generate(context, sampling_params)
         if generation is None:
-            trajectory.finish("context_limit")
-            return None
+            trajectory.finish(FinishReason.CONTEXT_LIMIT)
+            return Step(generation)
         calls = self.calls_to_run(trajectory, context, generation, last_turn)
-        if not calls:
-            return None
         results = [await self.search(context, call.query) if call.query is not None else call.error for call in calls]
-        return generation, calls, results
+        return Step(generation, tuple(calls), tuple(results))
 
     def calls_to_run(
         self, trajectory: Trajectory, context: Context, generation: Generation, last_turn: bool
@@ -466,22 +379,6 @@ class SearchAgentLoop(AgentLoopBase):
             )
             for number, members in enumerate(groups)
         ]
-
-
-def question_of(kwargs: dict[str, Any]) -> str:
-    """The question of a dataset row: `extra_info.question`, else the last user message of the prompt."""
-    extra_info = kwargs.get("extra_info") or {}
-    if extra_info.get("question"):
-        return str(extra_info["question"])
-    messages = kwargs.get("raw_prompt")
-    if messages is None:
-        raise ValueError(
-            "the dataset row has neither extra_info.question nor a raw_prompt: run `verl-memagent prepare`"
-        )
-    user_messages = [m["content"] for m in messages if m["role"] == "user"]
-    if not user_messages:
-        raise ValueError("raw_prompt has no user message to take the question from")
-    return str(user_messages[-1])
 
 
 def _merge_server_fields(fields: dict[str, Any], new: dict[str, Any]) -> None:

@@ -1,7 +1,7 @@
 """What the agent did during a rollout, as verl metrics: searches, finish reasons, memory, context, time.
 
 The agent loops tag every output (one per context) with per-context counters in `extra_fields`
-(`verl_memagent.agent.turns`). Here they are grouped back into trajectories by `trajectory_id` and
+(named in `output_fields.py`). Here they are grouped back into trajectories by `trajectory_id` and
 aggregated per trajectory, so a 5-turn trajectory counts once, whatever its number of samples.
 Plain functions over lists of `extra_fields` dicts: the trainers feed them the batch's fields and
 merge the result into verl's metrics dict, which verl hands to every `trainer.logger` backend.
@@ -14,10 +14,14 @@ from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass, fields
 
-from verl_memagent.output_fields import OutputField
+from verl_memagent.output_fields import FinishReason, OutputField
 
 #: finish reasons with a share of their own; any other reason is malformed output ("format_broken")
-FINISH_GROUPS = {"answer": "answered", "max_turns": "out_of_turns", "context_limit": "out_of_tokens"}
+FINISH_GROUPS = {
+    FinishReason.ANSWER: "answered",
+    FinishReason.MAX_TURNS: "out_of_turns",
+    FinishReason.CONTEXT_LIMIT: "out_of_tokens",
+}
 FINISHES = ("answered", "out_of_turns", "out_of_tokens", "format_broken", "penalised")
 
 
@@ -45,6 +49,9 @@ class TrajectoryStats:
 
 @dataclass(frozen=True)
 class Trajectory:
+    """One trajectory summarised: its totals, its finish group (`FINISHES`), its memory rewrites and how many hit
+    the cap."""
+
     stats: TrajectoryStats
     finish: str
     memory_rewrites: int
@@ -54,7 +61,9 @@ class Trajectory:
 def summarise_trajectory(contexts: Sequence[Mapping]) -> Trajectory:
     """The totals of one trajectory's contexts (their `extra_fields`, any order)."""
     last = max(contexts, key=lambda c: c[OutputField.TURN_INDEX])
-    overflowed = last[OutputField.FINISH_REASON] == "memory_overflow"  # the last rewrite ran over and ended it
+    overflowed = (
+        last[OutputField.FINISH_REASON] == FinishReason.MEMORY_OVERFLOW
+    )  # the last rewrite ran over and ended it
     stats = TrajectoryStats(
         turns=sum(c[OutputField.TURNS] for c in contexts),
         contexts=len(contexts),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from verl_memagent.config_sections import reject_unknown_keys, require_choice
+from verl_memagent.config_sections import require_choice, typed_section
 
 GRPO, GAE = "multi_context_grpo", "multi_context_gae"
 TRAINER_MODES = ("sync", "colocate_async", "separate_async")
@@ -30,9 +30,8 @@ class MultiContextConfig:
 
     @classmethod
     def from_algorithm(cls, algorithm) -> MultiContextConfig:
-        section = dict((algorithm or {}).get("multi_context", None) or {})
-        reject_unknown_keys("algorithm.multi_context", section, cls)
-        config = cls(**section)
+        """The section of verl's `algorithm` config, typed and checked (`config_sections.typed_section`)."""
+        config = typed_section("algorithm.multi_context", (algorithm or {}).get("multi_context", None) or {}, cls)
         if not 0.0 < config.turn_discount <= 1.0:
             raise ValueError(f"algorithm.multi_context.turn_discount must be in (0, 1], got {config.turn_discount}")
         require_choice("algorithm.multi_context.on_nonfinite", config.on_nonfinite, ON_NONFINITE)

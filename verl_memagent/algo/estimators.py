@@ -84,6 +84,8 @@ def _is_sample_key(key: str) -> bool:
 
 @dataclass(frozen=True)
 class Advantages:
+    """What an estimator returns: per-token advantages and returns of every row, and its `multi_context/*` metrics."""
+
     advantages: torch.Tensor  # (rows, response_len), zero where the response mask is zero
     returns: torch.Tensor  # (rows, response_len)
     metrics: dict[str, float]

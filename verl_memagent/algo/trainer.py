@@ -409,6 +409,9 @@ def reading_validation_batches(trainer, read: Callable[[KVBatchMeta], None]) -> 
 class MultiContextTrainerSync(
     ResumeMixin, TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSync
 ):
+    """`memagent_sync`: verl's sync trainer feeding the estimators whole trajectories, with agent metrics,
+    records and resumable run files."""
+
     base_mode = "sync"
 
 
@@ -416,6 +419,8 @@ class MultiContextTrainerSync(
 class MultiContextTrainerColocateAsync(
     ResumeMixin, TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerColocateAsync
 ):
+    """`memagent_colocate_async`: the same over verl's colocated async trainer."""
+
     base_mode = "colocate_async"
 
 
@@ -423,4 +428,6 @@ class MultiContextTrainerColocateAsync(
 class MultiContextTrainerSeparateAsync(
     ResumeMixin, TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync
 ):
+    """`memagent_separate_async`: the same over verl's async trainer with rollout on GPUs of its own."""
+
     base_mode = "separate_async"

@@ -23,7 +23,7 @@ import numpy as np
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 
-from verl_memagent.config_sections import reject_unknown_keys
+from verl_memagent.config_sections import typed_section
 from verl_memagent.trajectories.build import ContextSample, build_record, is_recorded
 from verl_memagent.trajectories.files import TRAJECTORIES_DIR, records_path, write_records
 from verl_memagent.trajectories.schema import Source, TrajectoryRecord
@@ -46,14 +46,14 @@ class TrajectoryRecordsConfig:
 
     @classmethod
     def from_trainer(cls, trainer) -> TrajectoryRecordsConfig:
-        section = dict(trainer.get("trajectories", None) or {})
-        reject_unknown_keys("trainer.trajectories", section, cls)
-        config = cls(**section)
-        if not isinstance(config.per_step, int) or config.per_step < 0:
+        """`trainer.trajectories` of verl's `trainer` config, typed and checked."""
+        config = typed_section("trainer.trajectories", trainer.get("trajectories", None) or {}, cls)
+        if config.per_step < 0:
             raise ValueError(f"trainer.trajectories.per_step must be an integer >= 0, got {config.per_step!r}")
         return config
 
     def directory(self, trainer) -> Path:
+        """Where the records go: `dir`, else `<trainer.default_local_dir>/trajectories`."""
         return Path(self.dir) if self.dir else Path(trainer.default_local_dir) / TRAJECTORIES_DIR
 
 
@@ -151,6 +151,7 @@ class TrajectoryRecorder:
 
     @classmethod
     def from_trainer_config(cls, config, tokenizer) -> TrajectoryRecorder:
+        """The recorder of a run: its `trainer.trajectories` section, directory and loggers."""
         records_config = TrajectoryRecordsConfig.from_trainer(config.trainer)
         loggers = config.trainer.get("logger", None) or []
         loggers = [loggers] if isinstance(loggers, str) else list(loggers)
@@ -168,9 +169,11 @@ class TrajectoryRecorder:
         return records
 
     def validation(self, step: int) -> ValidationSample:
+        """The sample of the validation at `step`, filled as verl hands out its batches."""
         return ValidationSample(self, step)
 
     def publish(self, records: list[TrajectoryRecord], source: Source, step: int) -> None:
+        """Write `records` to their JSON-lines file and log them to the run's trackers (wandb: a table)."""
         if records:
             write_records(records_path(self.directory, source, step), records)
             log_to_trackers(self.loggers, records, source, step)
@@ -185,6 +188,7 @@ class ValidationSample:
         self.kept: list[tuple[tuple, TrajectoryRecord]] = []
 
     def add(self, batch: KVBatchMeta) -> None:
+        """Keep the lowest-index trajectories among those kept so far and this batch's."""
         limit = self.recorder.config.per_step
         if not limit or not batch.keys:
             return
@@ -202,6 +206,7 @@ class ValidationSample:
         self.kept = sorted(self.kept + ranked, key=lambda item: item[0])[:limit]
 
     def write(self) -> list[TrajectoryRecord]:
+        """Publish the kept records and return them."""
         records = [record for _, record in self.kept]
         self.recorder.publish(records, "validation", self.step)
         return records

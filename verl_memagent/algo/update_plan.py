@@ -43,6 +43,7 @@ class UpdatePlan:
 
     @property
     def steps(self) -> int:
+        """Optimizer steps the update takes."""
         return len(self.order) // (self.dp_size * self.rows_per_step)
 
     def _grid(self) -> np.ndarray:

@@ -34,6 +34,7 @@ NAME = "hf"
 
 
 def server_actor_name(replica_rank: int) -> str:
+    """The Ray actor name of replica `replica_rank`'s server."""
     return f"{NAME}_server_{replica_rank}"
 
 
@@ -77,6 +78,7 @@ class HFServer:
         self._idle.set()
 
     def ready(self) -> bool:
+        """verl waits for this before it sends requests: the in-process server is ready at once."""
         return True
 
     async def generate(
@@ -106,9 +108,11 @@ class HFServer:
         await self._idle.wait()
 
     async def resume_generation(self) -> None:
+        """Admit requests again after `abort_all_requests`."""
         self._admitting.set()
 
     def load_weights(self, weights: list[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
+        """Load the trainer's weights into the generator (tagged `global_steps`); returns how many tensors."""
         return self.generator.load_weights(weights, global_steps=global_steps)
 
     async def sleep(self) -> None:
@@ -126,6 +130,7 @@ class HFReplica(RolloutReplica):
         _check_single_process(self.config)
 
     async def launch_servers(self) -> None:
+        """Start the replica's server beside its training worker (hybrid mode only)."""
         if self.rollout_mode != RolloutMode.HYBRID:
             raise NotImplementedError(
                 f"hf rollout runs colocated with the trainer (hybrid mode), not {self.rollout_mode.value}: "

@@ -31,6 +31,8 @@ _log = logging.getLogger(__name__)
 
 @dataclass(frozen=True)
 class Patch:
+    """One checked workaround: `apply(module)` runs when `module` is imported, while `expects` is still at `where`."""
+
     module: str  # the module patched
     where: str  # verl file:line worked around
     expects: str  # source text at that line; its absence means verl changed under the patch
@@ -290,6 +292,7 @@ def install() -> None:
 
 
 def installed() -> bool:
+    """Whether `install` has run in this process."""
     return _installed
 
 

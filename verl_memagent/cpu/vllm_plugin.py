@@ -83,6 +83,7 @@ _registered = False
 
 
 def registered() -> bool:
+    """Whether `register` patched this (vLLM) process."""
     return _registered
 
 

@@ -12,6 +12,7 @@ from verl_memagent.data.flashrag import EVAL_SETS, TRAIN_MIX, parse_input, read_
 
 
 def write_parquet(rows: Iterable[dict[str, Any]], out: str | Path) -> Path:
+    """Write verl dataset rows to a parquet file (its directory made if missing); returns its path."""
     import pyarrow as pa
     import pyarrow.parquet as pq
 
@@ -71,6 +72,7 @@ def add_arguments(parser) -> None:
 
 
 def run_cli(args) -> int:
+    """`verl-memagent prepare`: write the parquet the arguments ask for and say how many rows."""
     out, rows = prepare(
         args.input,
         args.out,

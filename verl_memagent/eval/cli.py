@@ -2,11 +2,15 @@
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
 import yaml
+
+from verl_memagent.agent import AGENT_LOOPS_YAML
 
 AGENTS = ("memsearcher", "mem1", "react")
 
@@ -28,8 +32,14 @@ def agent_settings(agents: list[str], overrides: list[str], **common: Any) -> di
 
 
 def add_arguments(parser) -> None:
+    """The options of `verl-memagent eval`; each destination is a field of `EvalOptions`."""
     parser.add_argument(
-        "--agent", action="append", choices=AGENTS, required=True, help="agent to evaluate; repeat for several"
+        "--agent",
+        dest="agents",
+        action="append",
+        choices=AGENTS,
+        required=True,
+        help="agent to evaluate; repeat for several",
     )
     parser.add_argument(
         "--data",
@@ -48,7 +58,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--retriever", metavar="URL", help="retriever URL(s), comma-separated (default: the YAML's)")
     parser.add_argument("--max-turns", type=int, help="turns per trajectory (default: the agent YAML's)")
     parser.add_argument("--max-new-tokens", type=int, help="tokens per generate call (default: the agent YAML's)")
-    parser.add_argument("--set", action="append", default=[], metavar="[AGENT.]KEY=VALUE", help="agent setting")
+    parser.add_argument(
+        "--set", dest="overrides", action="append", default=[], metavar="[AGENT.]KEY=VALUE", help="agent setting"
+    )
     parser.add_argument("--agent-loops", help="agent-loop YAML (default: the shipped agent_loops.yaml)")
     parser.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
     parser.add_argument("--top-p", type=float, default=1.0)
@@ -66,6 +78,94 @@ def add_arguments(parser) -> None:
     parser.add_argument("--device", help="in-process device (default: cuda if available, else cpu)")
 
 
+@dataclass(frozen=True)
+class EvalOptions:
+    """One `verl-memagent eval` run as asked for: the parsed command line, read once (`from_args`).
+
+    Field names are the parser's destinations (`add_arguments`), so a new option is one argument plus
+    one field; the values the runner needs (settings per agent, sampling params, ...) derive from these.
+    """
+
+    agents: tuple[str, ...]
+    data: tuple[str, ...]
+    out: Path
+    model: str | None = None
+    server: str | None = None
+    served_model: str | None = None
+    api_key: str | None = None
+    tokenizer: str | None = None
+    retriever: str | None = None
+    max_turns: int | None = None
+    max_new_tokens: int | None = None
+    overrides: tuple[str, ...] = ()
+    agent_loops: str | None = None
+    temperature: float = 0.0
+    top_p: float = 1.0
+    concurrency: int = 32
+    limit: int | None = None
+    objectives: int = 1
+    num_tasks: int | None = None
+    seed: int = 0
+    prompt_length: int = 4096
+    response_length: int = 8192
+    device: str | None = None
+
+    def __post_init__(self) -> None:
+        if self.tokenizer_path is None:
+            raise ValueError("--tokenizer: required with --server (the served checkpoint's tokenizer directory)")
+
+    @classmethod
+    def from_args(cls, args: argparse.Namespace) -> EvalOptions:
+        values = {field.name: getattr(args, field.name) for field in fields(cls)}
+        values.update(
+            agents=tuple(dict.fromkeys(args.agents)),  # --agent x --agent x evaluates x once
+            data=tuple(args.data),
+            overrides=tuple(args.overrides),
+            out=Path(args.out),
+        )
+        return cls(**values)
+
+    @property
+    def tokenizer_path(self) -> str | None:
+        """`--tokenizer`, else the model's directory."""
+        return self.tokenizer or self.model
+
+    @property
+    def agent_loops_path(self) -> Path:
+        """`--agent-loops`, else the shipped agent_loops.yaml."""
+        return Path(self.agent_loops) if self.agent_loops else AGENT_LOOPS_YAML
+
+    def agent_settings(self) -> dict[str, dict[str, Any]]:
+        """Settings per agent: the options every agent shares, then the `--set` overrides."""
+        return agent_settings(
+            list(self.agents),
+            list(self.overrides),
+            retriever_urls=self.retriever,
+            max_turns=self.max_turns,
+            max_new_tokens=self.max_new_tokens,
+        )
+
+    def sampling_params(self) -> dict[str, Any]:
+        """What verl's validation sends: top_k off, no repetition penalty."""
+        return {
+            "temperature": self.temperature,
+            "top_p": self.top_p,
+            "top_k": -1,
+            "repetition_penalty": 1.0,
+            "logprobs": False,
+        }
+
+    def run_info(self) -> dict[str, Any]:
+        """Copied into the summary as `run`."""
+        return {
+            "model": self.model,
+            "server": self.server,
+            "served_model": self.served_model,
+            "tokenizer": self.tokenizer_path,
+            "agent_loops": str(self.agent_loops_path),
+        }
+
+
 def _model_type(path: str) -> str | None:
     from transformers import AutoConfig
 
@@ -75,71 +175,68 @@ def _model_type(path: str) -> str | None:
         return None
 
 
-def _in_process_generator(args, max_model_len: int, max_new_tokens: int):
+def _in_process_generator(options: EvalOptions):
     import torch
 
     from verl_memagent.hf_generator import HFGenerator
 
-    device = args.device or ("cuda" if torch.cuda.is_available() else "cpu")
+    device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     generator = HFGenerator.from_pretrained(
-        args.model, max_model_len=max_model_len, default_max_tokens=max_new_tokens, dtype=dtype
+        options.model,
+        max_model_len=options.prompt_length + options.response_length,
+        default_max_tokens=options.max_new_tokens or 512,
+        dtype=dtype,
     )
     generator.model.to(device)
     return generator
 
 
-def run_cli(args) -> int:
+def run_cli(args: argparse.Namespace) -> int:
+    """`verl-memagent eval`: the parsed command line read into `EvalOptions` and run; a bad option exits with its
+    message."""
+    try:
+        options = EvalOptions.from_args(args)
+    except ValueError as error:
+        raise SystemExit(str(error)) from None
+    return run(options)
+
+
+def run(options: EvalOptions) -> int:
+    """Evaluate as `options` ask, print the scores per agent and the summary's path."""
     from transformers import AutoTokenizer
 
-    from verl_memagent.agent import AGENT_LOOPS_YAML, verl_trainer_config
+    from verl_memagent.agent import verl_trainer_config
     from verl_memagent.eval.openai_client import CompletionsClient
     from verl_memagent.eval.runner import SUMMARY_FILE, evaluate
     from verl_memagent.eval.tasks import load_datasets
 
-    tokenizer_path = args.tokenizer or args.model
-    if tokenizer_path is None:
-        raise SystemExit("--tokenizer: required with --server (the served checkpoint's tokenizer directory)")
-    tokenizer = AutoTokenizer.from_pretrained(tokenizer_path)
-    agents = list(dict.fromkeys(args.agent))
+    tokenizer = AutoTokenizer.from_pretrained(options.tokenizer_path)
     datasets = load_datasets(
-        args.data, args.limit, objectives=args.objectives, num_tasks=args.num_tasks, seed=args.seed
+        list(options.data), options.limit, objectives=options.objectives, num_tasks=options.num_tasks, seed=options.seed
     )
-    settings = agent_settings(
-        agents, args.set, retriever_urls=args.retriever, max_turns=args.max_turns, max_new_tokens=args.max_new_tokens
-    )
-    trainer_config = verl_trainer_config(prompt_length=args.prompt_length, response_length=args.response_length)
-    sampling_params = {
-        "temperature": args.temperature,
-        "top_p": args.top_p,
-        "top_k": -1,
-        "repetition_penalty": 1.0,
-        "logprobs": False,
-    }
-    run_info = {"model": args.model, "server": args.server, "served_model": args.served_model}
-    run_info.update(tokenizer=tokenizer_path, agent_loops=str(args.agent_loops or AGENT_LOOPS_YAML))
+    settings = options.agent_settings()
+    trainer_config = verl_trainer_config(prompt_length=options.prompt_length, response_length=options.response_length)
 
     async def main() -> dict[str, Any]:
-        if args.model:
-            generator = _in_process_generator(
-                args, args.prompt_length + args.response_length, args.max_new_tokens or 512
-            )
+        if options.model:
+            generator = _in_process_generator(options)
         else:
-            generator = CompletionsClient(args.server, args.served_model, api_key=args.api_key)
+            generator = CompletionsClient(options.server, options.served_model, api_key=options.api_key)
         try:
             return await evaluate(
                 generator,
                 tokenizer,
-                agents,
+                list(options.agents),
                 datasets,
-                args.out,
+                options.out,
                 settings=settings,
-                sampling_params=sampling_params,
+                sampling_params=options.sampling_params(),
                 trainer_config=trainer_config,
-                concurrency=args.concurrency,
-                hf_model_type=_model_type(tokenizer_path),
-                agent_loops=args.agent_loops or AGENT_LOOPS_YAML,
-                run_info=run_info,
+                concurrency=options.concurrency,
+                hf_model_type=_model_type(options.tokenizer_path),
+                agent_loops=options.agent_loops_path,
+                run_info=options.run_info(),
             )
         finally:
             if isinstance(generator, CompletionsClient):
@@ -153,5 +250,5 @@ def run_cli(args) -> int:
             for name, s in result["datasets"].items()
         )
         print(f"{agent}: {scores}; peak context {result['peak_context_tokens']} tokens")
-    print(Path(args.out) / SUMMARY_FILE)
+    print(options.out / SUMMARY_FILE)
     return 0

@@ -70,9 +70,11 @@ class CompletionsClient:
         )
 
     async def aclose(self) -> None:
+        """Close the client's connections."""
         await self._http.aclose()
 
     async def model_name(self) -> str:
+        """The served model to ask: the one given, else the first that `/v1/models` lists."""
         if self.model is None:
             response = await self._http.get(f"{self.base_url}/v1/models")
             response.raise_for_status()

@@ -24,7 +24,7 @@ from typing import Any
 
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
-from verl_memagent.agent.turns import question_of
+from verl_memagent.agent.trajectory import question_of
 from verl_memagent.output_fields import OutputField
 from verl_memagent.reward import f1_score, gold_answers, normalize_answer, split_objectives
 from verl_memagent.reward.scores import exact_match_score, final_answer, multi_objective_em

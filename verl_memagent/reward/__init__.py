@@ -4,11 +4,10 @@ Pure functions of text; nothing here imports verl or the agent code. Recipes poi
 `reward.custom_reward_function.path=pkg://verl_memagent.reward.<module>` and `.name=compute_score`.
 """
 
+from verl_memagent.grammar import extract_boxed, extract_tag
 from verl_memagent.reward.answers import (
     exact_match,
     extract_answer,
-    extract_boxed,
-    extract_tag,
     f1_score,
     gold_answers,
     normalize_answer,

@@ -1,5 +1,7 @@
 """Answer extraction, normalisation and matching, as in the SQuAD and FlashRAG evaluation scripts.
 
+The answer is read with the agents' grammar (`verl_memagent.grammar`: tags and boxes).
+
 Normalisation lower-cases, drops punctuation and the articles a/an/the, and collapses whitespace.
 Scores take the maximum over the gold answers. F1 follows FlashRAG: a yes/no/noanswer prediction
 or gold only scores when both are the same special answer.
@@ -12,6 +14,8 @@ import string
 from collections import Counter
 from collections.abc import Iterable
 from typing import Any
+
+from verl_memagent.grammar import extract_boxed, extract_tag
 
 _ARTICLES = re.compile(r"\b(a|an|the)\b")
 _PUNCTUATION = set(string.punctuation)
@@ -56,42 +60,6 @@ def f1_score(prediction: str, golds: Iterable[str]) -> float:
         precision, recall = common / len(pred_tokens), common / len(gold_tokens)
         best = max(best, 2 * precision * recall / (precision + recall))
     return best
-
-
-def tag_spans(text: str, tag: str) -> list[str]:
-    """Contents of every complete `<tag>...</tag>` span, stripped, left to right; a span ends at the
-    first closing tag after its opening."""
-    pattern = rf"<{re.escape(tag)}>(.*?)</{re.escape(tag)}>"
-    return [match.strip() for match in re.findall(pattern, text, flags=re.DOTALL)]
-
-
-def extract_tag(text: str, tag: str) -> str | None:
-    """Content of the last complete `<tag>...</tag>` span, or None."""
-    spans = tag_spans(text, tag)
-    return spans[-1] if spans else None
-
-
-def extract_boxed(text: str) -> str | None:
-    """The answer in the last box, read as MemSearcher's released reward reads it, stripped; None without one.
-
-    With `\\boxed ` (a space) anywhere, what follows the last one up to a `$`; otherwise the last
-    `\\boxed` must open a brace, and the answer runs to the brace that balances it (None if none does).
-    Other box commands (`\\fbox`) give no answer (re_call.py:6-46).
-    """
-    if "\\boxed " in text:
-        return text.rsplit("\\boxed ", 1)[1].split("$", 1)[0].strip()
-    start = text.rfind("\\boxed")
-    if start < 0 or not text.startswith("\\boxed{", start):
-        return None
-    depth, begin = 0, start + len("\\boxed{")
-    for i in range(begin, len(text)):
-        if text[i] == "{":
-            depth += 1
-        elif text[i] == "}":
-            if depth == 0:
-                return text[begin:i].strip()
-            depth -= 1
-    return None
 
 
 def extract_answer(text: str) -> str | None:

@@ -7,7 +7,7 @@ verl merges the agent loop's `extra_fields` into `extra_info` and scores the tra
 
 The agent owns the grammar of its outputs: our loops parse the final context with their configured tags
 and record `extra_info["final_answer"]` (the answer, or None) and `extra_info["final_format_ok"]` (the
-format verdict, `reward.formats`; false for a trajectory their rules end without a valid answer). The
+format verdict, `verl_memagent.grammar`; false for a trajectory their rules end without a valid answer). The
 rewards score that record. Outputs without one, such as plain completions in `verl-memagent eval`, are
 parsed here with the default tags (`<answer>`, `\\boxed{}`, `<think>`, `<tool_call>`; MemSearcher's
 released format rule on the text as one ended assistant turn), from `extra_info["final_response"]` if
@@ -27,9 +27,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from verl_memagent.output_fields import OutputField
+from verl_memagent.grammar import released_verdict
+from verl_memagent.output_fields import FinishReason, OutputField
 from verl_memagent.reward.answers import exact_match, extract_answer, f1_score, gold_answers, split_objectives
-from verl_memagent.reward.formats import released_verdict
 
 FORMAT_ONLY_REWARD = 0.1
 
@@ -41,7 +41,7 @@ def _penalised(extra_info: Any) -> bool:
         return False
     ended_without_answer = (
         OutputField.FINAL_FORMAT_OK not in extra_info
-        and extra_info.get(OutputField.FINISH_REASON, "answer") != "answer"
+        and extra_info.get(OutputField.FINISH_REASON, FinishReason.ANSWER) != FinishReason.ANSWER
     )
     return bool(extra_info.get(OutputField.PENALISED)) or ended_without_answer
 

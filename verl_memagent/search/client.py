@@ -72,6 +72,7 @@ class RetrieverClient:
 
     @property
     def urls(self) -> list[str]:
+        """The replicas' URLs, in the order given."""
         return [r.url for r in self._replicas]
 
     async def search(self, queries: list[str], topk: int) -> list[list[Document]]:

@@ -40,6 +40,7 @@ def step_of_record_file(path: str | Path) -> int | None:
 
 
 def write_records(path: str | Path, records: Iterable[TrajectoryRecord]) -> Path:
+    """Write records as JSON lines, whole or not at all (a partial file renamed into place); returns the path."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     partial = path.with_name(f".{path.name}.{os.getpid()}.partial")

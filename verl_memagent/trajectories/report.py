@@ -58,6 +58,7 @@ def memory_diff(before: str | None, after: str | None) -> list[list[str]] | None
 
 
 def group_label(source: str, step: int | None) -> str:
+    """The heading of a step's records on the page: `train step 3`, `validation step 0`, `eval`."""
     return "eval" if source == "eval" else f"{source} step {step}"
 
 
@@ -121,6 +122,7 @@ def render_page(records: Sequence[TrajectoryRecord], title: str, files: Sequence
 def write_report(
     records: Sequence[TrajectoryRecord], out: str | Path, title: str = "Trajectories", files: Sequence[str] = ()
 ) -> Path:
+    """Write the self-contained HTML page of `records` (`files`: where they were read from) to `out`."""
     if not records:
         raise ValueError("no trajectory records to show")
     out = Path(out)

@@ -32,15 +32,19 @@ class CallSpan(TypedDict):
 
     start: int
     end: int
-    finish: str  # "eos", "stop" (a stop string) or "length"
+    finish: str  # a `CallFinish` (output_fields.py): "eos", "stop" (a stop string) or "length"
 
 
 class PassageRef(TypedDict):
+    """A passage a search returned, as the turn log keeps it."""
+
     id: str
     title: str
 
 
 class SearchLog(TypedDict):
+    """One search of a turn: its query and what came back."""
+
     query: str
     passages: list[PassageRef]  # in the retriever's order; empty when the search failed
     failed: bool
@@ -63,6 +67,8 @@ class _Record(BaseModel):
 
 
 class Passage(_Record):
+    """A passage a turn's search returned."""
+
     id: str
     title: str
 
@@ -74,10 +80,12 @@ class ModelCall(_Record):
     context_tokens: int
     output: str
     output_tokens: int
-    finish: str
+    finish: str  # a `CallFinish` (output_fields.py): eos, stop or length
 
 
 class Turn(_Record):
+    """One turn of a trajectory: its generate calls, search and memories, in the context that holds it."""
+
     index: int  # 0-based turn number in the trajectory
     context_index: int  # which of the trajectory's LLM contexts (training samples) holds it
     sample_key: str | None  # verl's key of that sample, `{uid}_{session}_{context_index}` (None in eval)
@@ -92,6 +100,8 @@ class Turn(_Record):
 
 
 class TrajectoryRecord(_Record):
+    """One trajectory as a readable record: one JSON line (docs/trajectories.md)."""
+
     schema_version: int = SCHEMA_VERSION
     source: Source
     step: int | None  # the trainer's global step (0: validation before training); None in eval

@@ -35,6 +35,8 @@ COLUMNS = [
 
 
 def turn_text(turn: Turn) -> str:
+    """A turn as plain text: context size, memory before, each call's output, the search and its passages, the
+    memory written."""
     lines = [f"Turn {turn.index + 1} ({turn.context_tokens} context tokens)"]
     if turn.memory_before is not None:
         lines.append(f"  memory before: {turn.memory_before or '(empty)'}")
@@ -57,6 +59,7 @@ def trajectory_text(record: TrajectoryRecord) -> str:
 
 
 def table_rows(records: Sequence[TrajectoryRecord]) -> list[list]:
+    """One row of the tracker table (`COLUMNS`) per record."""
     return [
         [
             record.step,

@@ -3,8 +3,7 @@ the released rule against the released reward itself."""
 
 import pytest
 
-from verl_memagent.reward.answers import extract_boxed
-from verl_memagent.reward.formats import released_verdict, strict_verdict
+from verl_memagent.grammar import extract_boxed, released_verdict, strict_verdict
 
 CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leda"}}</tool_call>'
 
