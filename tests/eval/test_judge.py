@@ -25,6 +25,7 @@ from verl_memagent.eval.judge import (
     judge_summary,
     parse_verdict,
 )
+from verl_memagent.trajectories.files import read_records
 
 RELEASED = json.loads((Path(__file__).parent / "fixtures" / "released_judge.json").read_text())
 
@@ -90,3 +91,19 @@ async def test_a_real_server_is_asked_with_retries_and_the_cache_answers_first(v
     assert TRIES * failed + (len(asked) - failed) <= judge.requests <= TRIES * len(asked)
     summary = judge_summary(examples)
     assert (summary["llm_judge_judged"], summary["llm_judge_failed"]) == (3 - failed, failed)
+
+
+@pytest.mark.slow  # a vLLM engine starts
+def test_eval_with_a_judge_records_each_verdict_and_counts_failures(run_eval_cli, vllm_server, tiny_model_dir, capsys):
+    judge = ("--judge-url", vllm_server.url, "--judge-model", "tiny-qwen2")
+    out, summary, examples = run_eval_cli("--model", str(tiny_model_dir), *judge, concurrency=4)
+    assert summary["run"]["judge"] == {"url": vllm_server.url, "model": "tiny-qwen2"}
+    for result in summary["agents"].values():
+        for scores in result["datasets"].values():
+            assert scores["llm_judge_judged"] + scores["llm_judge_failed"] == scores["n"]
+    assert all("llm_judge" in example for example in examples)
+    records = read_records(out / "trajectories" / "eval.jsonl")
+    assert sorted(json.dumps(r.reward_info["llm_judge"], sort_keys=True) for r in records) == sorted(
+        json.dumps(e["llm_judge"], sort_keys=True) for e in examples
+    )
+    assert " judge " in capsys.readouterr().out  # printed beside EM, with the failures

@@ -11,6 +11,7 @@ from typing import Any
 import yaml
 
 from verl_memagent.agent import AGENT_LOOPS_YAML
+from verl_memagent.eval.judge import JudgeSettings
 
 AGENTS = ("memsearcher", "mem1", "react")
 
@@ -76,6 +77,17 @@ def add_arguments(parser) -> None:
     parser.add_argument("--prompt-length", type=int, default=4096, help="verl rollout.prompt_length")
     parser.add_argument("--response-length", type=int, default=8192, help="verl rollout.response_length")
     parser.add_argument("--device", help="in-process device (default: cuda if available, else cpu)")
+    judge = parser.add_argument_group("LLM judge (MemSearcher's released llm_judge.py; docs/eval.md)")
+    judge.add_argument("--judge-url", metavar="URL", help="OpenAI-compatible server root of the judge; off if unset")
+    judge.add_argument("--judge-model", help="the judge's model name (required with --judge-url)")
+    judge.add_argument(
+        "--judge-api-key-env", default="OPENAI_API_KEY", metavar="VAR", help="environment variable holding its key"
+    )
+    judge.add_argument("--judge-concurrency", type=int, default=10, help="judge requests in flight (released: 10)")
+    judge.add_argument(
+        "--judge-cache",
+        help="verdicts cache, JSON lines (default: <out>/llm_judge_cache.jsonl); a rerun asks only anew",
+    )
 
 
 @dataclass(frozen=True)
@@ -109,10 +121,19 @@ class EvalOptions:
     prompt_length: int = 4096
     response_length: int = 8192
     device: str | None = None
+    judge_url: str | None = None
+    judge_model: str | None = None
+    judge_api_key_env: str = "OPENAI_API_KEY"
+    judge_concurrency: int = 10
+    judge_cache: str | None = None
 
     def __post_init__(self) -> None:
         if self.tokenizer_path is None:
             raise ValueError("--tokenizer: required with --server (the served checkpoint's tokenizer directory)")
+        if self.judge_url and not self.judge_model:
+            raise ValueError("--judge-model: required with --judge-url (the judge's model name on that server)")
+        if self.judge_concurrency < 1:
+            raise ValueError(f"--judge-concurrency: expected a positive integer, got {self.judge_concurrency}")
 
     @classmethod
     def from_args(cls, args: argparse.Namespace) -> EvalOptions:
@@ -155,6 +176,18 @@ class EvalOptions:
             "logprobs": False,
         }
 
+    def judge(self) -> JudgeSettings | None:
+        """The LLM judge asked for, or None."""
+        if not self.judge_url:
+            return None
+        return JudgeSettings(
+            url=self.judge_url,
+            model=self.judge_model,
+            api_key_env=self.judge_api_key_env,
+            concurrency=self.judge_concurrency,
+            cache=Path(self.judge_cache) if self.judge_cache else self.out / "llm_judge_cache.jsonl",
+        )
+
     def run_info(self) -> dict[str, Any]:
         """Copied into the summary as `run`."""
         return {
@@ -163,7 +196,16 @@ class EvalOptions:
             "served_model": self.served_model,
             "tokenizer": self.tokenizer_path,
             "agent_loops": str(self.agent_loops_path),
+            "judge": {"url": self.judge_url, "model": self.judge_model} if self.judge_url else None,
         }
+
+
+def judge_text(scores: dict[str, Any]) -> str:
+    """The judge's accuracy as printed, its failures beside it (they are out of its denominator)."""
+    if "llm_judge" not in scores:
+        return ""
+    accuracy = "n/a" if scores["llm_judge"] is None else f"{scores['llm_judge']:.3f}"
+    return f" judge {accuracy} ({scores['llm_judge_judged']} judged, {scores['llm_judge_failed']} failed)"
 
 
 def _model_type(path: str) -> str | None:
@@ -237,6 +279,7 @@ def run(options: EvalOptions) -> int:
                 hf_model_type=_model_type(options.tokenizer_path),
                 agent_loops=options.agent_loops_path,
                 run_info=options.run_info(),
+                judge=options.judge(),
             )
         finally:
             if isinstance(generator, CompletionsClient):
@@ -245,8 +288,8 @@ def run(options: EvalOptions) -> int:
     summary = asyncio.run(main())
     for agent, result in summary["agents"].items():
         scores = ", ".join(
-            f"{name} EM {s['em']:.3f} F1 {s['f1']:.3f} acc {s['acc']:.3f} ({s['num_objectives']:g} objectives, "
-            f"mean peak {s['mean_peak_context_tokens']:.0f} tokens)"
+            f"{name} EM {s['em']:.3f} F1 {s['f1']:.3f} acc {s['acc']:.3f}{judge_text(s)} ({s['num_objectives']:g} "
+            f"objectives, mean peak {s['mean_peak_context_tokens']:.0f} tokens)"
             for name, s in result["datasets"].items()
         )
         print(f"{agent}: {scores}; peak context {result['peak_context_tokens']} tokens")
