@@ -9,6 +9,7 @@ sampling parameters, returned token ids and log-probs.
 
 from __future__ import annotations
 
+import json
 from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
@@ -65,3 +66,73 @@ class ScriptedPolicy:
             return False
         text = self.tokenizer.decode(ids)
         return any(stop in text for stop in stops)
+
+
+def agent_texts(agent: str, queries: list[str], memories: list[str], answer: str, eos_token: str) -> list[str]:
+    """The texts a policy plays in the shipped (released-format) agent loops: one search per query
+    (MemSearcher: each followed by its memory rewrite, the matching item of `memories`; MEM1: its
+    internal state before it), then the answer."""
+    if agent == "mem1":
+        states = ["Nothing known yet.", *memories]
+        turns = [
+            f"<think>{states[i]} Search next.</think>\n<search>{query}</search>" for i, query in enumerate(queries)
+        ]
+        return [*turns, f"<think>{states[len(queries)]}</think>\n<answer>{answer}</answer>"]
+    texts = []
+    for query, memory in zip(queries, memories, strict=True):
+        call = json.dumps({"name": "wikipedia_search", "arguments": {"query": query}})
+        texts.append(f"Look it up.</think>\n<tool_call>{call}</tool_call>{eos_token}")
+        if agent == "memsearcher":
+            texts.append(f"<memory>{memory}</memory>{eos_token}")
+    return [*texts, f"It is known now.</think>\n\\boxed{{{answer}}}{eos_token}"]
+
+
+class ScriptedAgentLoop:
+    """The project's agent loop `agent` (its shipped entry, `settings` overriding) with a `ScriptedPolicy`
+    in place of the LLM server: rollouts fixed in advance, several turns long, whose rewards differ
+    within a group, the same whatever the topology or timing. The trainer's tests at several ranks and
+    across a resume train on them. Registered like any loop, in an agent-loop YAML:
+
+        - name: memsearcher
+          _target_: memagent_examples.scripted.ScriptedAgentLoop
+          agent: memsearcher
+          retriever_urls: ${oc.env:MEMAGENT_RETRIEVER_URL}
+
+    Which script a trajectory plays follows from its session (`rollout.n` index) plus its row's dataset
+    index: 0 searches twice and answers right, 1 searches once and answers one objective wrong, 2
+    answers right without searching; and so on in turn (so with `rollout.n` 1 the rows differ).
+    """
+
+    def __init__(self, agent: str, trainer_config, server_manager, tokenizer, hf_model_type=None, **settings):
+        for verl_argument in ("name", "processor", "dataset_cls", "data_config", "tools"):  # the factory's own
+            settings.pop(verl_argument, None)
+        self.agent, self.trainer_config, self.tokenizer = agent, trainer_config.config, tokenizer
+        self.hf_model_type, self.settings = hf_model_type, settings
+
+    async def run(self, sampling_params: dict[str, Any], **row):
+        from verl_memagent.agent import instantiate_agent_loop
+
+        policy = ScriptedPolicy(self.tokenizer, self.texts(int(row["session_id"]), row))
+        loop = instantiate_agent_loop(
+            self.agent, self.trainer_config, policy, self.tokenizer, self.hf_model_type, **self.settings
+        )
+        return await loop.run(sampling_params, **row)
+
+    def texts(self, session: int, row: dict[str, Any]) -> list[str]:
+        golds = _objective_golds(row["reward_model"]["ground_truth"])
+        question = str(row["extra_info"]["question"])
+        index = int(row["extra_info"].get("index", 0))
+        searches, right = [(2, len(golds)), (1, len(golds) - 1), (0, len(golds))][(session + index) % 3]
+        answer = "; ".join([golds[i] if i < right else "nothing" for i in range(len(golds))])
+        words = question.split()
+        queries = [" ".join(words[:6]), " ".join(words[-6:])][:searches]
+        memories = [f"Searched: {query}." for query in queries]
+        return agent_texts(self.agent, queries, memories, answer, self.tokenizer.eos_token)
+
+
+def _objective_golds(ground_truth) -> list[str]:
+    """The first gold answer of each objective (one objective: a flat list of answers)."""
+    items = list(ground_truth)
+    if all(isinstance(item, str) for item in items):
+        return [items[0]]
+    return [str(list(item)[0]) for item in items]

@@ -3,9 +3,7 @@ policy and the real BM25 retriever over the bundled corpus."""
 
 from __future__ import annotations
 
-import json
-
-from memagent_examples.scripted import ScriptedPolicy
+from memagent_examples.scripted import ScriptedPolicy, agent_texts
 
 EOS = "<|im_end|>"
 QUESTION = "When was the language spoken from which the settlement on the river Leda opposite Leer takes its name?"
@@ -20,23 +18,10 @@ ANSWER = "between the 8th and 16th centuries"
 SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
 
-def tool_call(query: str) -> str:
-    return json.dumps({"name": "wikipedia_search", "arguments": {"query": query}})
-
-
 def script(agent: str, searches: int = 2) -> list[str]:
     """The texts a policy plays: `searches` searches (memsearcher: each followed by its memory rewrite),
     then the answer."""
-    if agent == "mem1":
-        states = [*mem1_states(searches), MEMORIES[searches - 1]]
-        turns = [f"<think>{states[i]}</think>\n<search>{QUERIES[i]}</search>" for i in range(searches)]
-        return [*turns, f"<think>{states[searches]}</think>\n<answer>{ANSWER}</answer>"]
-    texts = []
-    for i in range(searches):
-        texts.append(f"Look it up.</think>\n<tool_call>{tool_call(QUERIES[i])}</tool_call>{EOS}")
-        if agent == "memsearcher":
-            texts.append(f"<memory>{MEMORIES[i]}</memory>{EOS}")
-    return [*texts, f"It is known now.</think>\n\\boxed{{{ANSWER}}}{EOS}"]
+    return agent_texts(agent, list(QUERIES[:searches]), list(MEMORIES[:searches]), ANSWER, EOS)
 
 
 def mem1_states(searches: int) -> list[str]:
