@@ -70,3 +70,35 @@ async def test_sampled_tokens_and_logprobs_are_what_the_trainer_sees(run_agent, 
             mask = torch.tensor(output.response_mask, dtype=torch.bool)
             rollout = torch.tensor(output.response_logprobs)
             torch.testing.assert_close(rollout[mask], response_logp[mask], atol=2e-4, rtol=1e-4)
+
+
+async def test_a_sampling_seed_makes_a_rollout_independent_of_batching_and_restarts(
+    trainer_config, tokenizer, retriever_url, engine
+):
+    from conftest import QUESTION, VERL_SAMPLING
+
+    from verl_memagent.agent import instantiate_agent_loop
+
+    async def play(session: int, seed: int | None) -> list[list[int]]:
+        recording = Recording(engine)
+        loop = instantiate_agent_loop(
+            "memsearcher",
+            trainer_config,
+            recording,
+            tokenizer,
+            hf_model_type="qwen2",
+            retriever_urls=retriever_url,
+            max_new_tokens=24,
+            max_turns=2,
+            sampling_seed=seed,
+        )
+        row = {"raw_prompt": [{"role": "user", "content": QUESTION}], "extra_info": {"question": QUESTION, "index": 3}}
+        await loop.run(dict(VERL_SAMPLING), **row, data_source="test", session_id=session, global_steps=5)
+        return [call["token_ids"] for call in recording.calls]
+
+    alone = await play(0, seed=7)
+    batched = await asyncio.gather(play(0, seed=7), play(1, seed=7), play(2, seed=7))
+    assert batched[0] == alone  # decoded in a batch with other requests: the same tokens
+    assert batched[1] != alone and batched[2] != alone  # other sessions sample otherwise
+    assert await play(0, seed=8) != alone
+    assert await play(0, seed=None) != await play(0, seed=None)  # unseeded: the server's generator moves on

@@ -60,6 +60,11 @@ class AgentSettings:
         rollout.prompt_length + rollout.response_length. Generation stops there (`context_limit`).
       topk: documents per search.
       stop: stop strings sent to the server (vLLM/SGLang `stop`); None means the agent's own.
+      sampling_seed: seeds every generate call with a number drawn from this seed, the training
+        step, the row's dataset index, the trajectory's session and the call's number (the servers'
+        per-request `seed`): a rollout then depends on the weights and the data only, not on which
+        requests the server batched together, nor on a restart (a resumed run samples its next step
+        as an uninterrupted one would). None (the released code): the server's own random state.
 
     Format:
       prompt_style: `released_train` renders each context as the paper's released training code did,
@@ -94,6 +99,7 @@ class AgentSettings:
     observation_max_tokens: int | None = None
     context_max_tokens: int | None = None
     stop: list[str] | None = None
+    sampling_seed: int | None = None
     tool_name: str = "wikipedia_search"
     prompt_style: str = "released_train"
     action_rules: str = "released"

@@ -9,6 +9,7 @@ turn index the per-turn estimators group by.
 from __future__ import annotations
 
 import asyncio
+import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -137,6 +138,11 @@ class SearchAgentLoop(AgentLoopBase):
         trajectory = Trajectory(question=question_of(kwargs))
         self._request_id = trajectory.id
         self._priority = int(kwargs.get("priority", 0))
+        self._calls = 0
+        self._seed_parts = None
+        if self.settings.sampling_seed is not None:  # the call's place in the run, for `call_seed`
+            row = kwargs.get("index", kwargs.get("extra_info", {}).get("index"))
+            self._seed_parts = (self.settings.sampling_seed, kwargs.get("global_steps"), row, kwargs.get("session_id"))
         await self.rollout(trajectory, trajectory.question, dict(sampling_params))
         outputs = self.outputs(trajectory)
         return outputs if self.one_output_per_context else outputs[0]
@@ -217,6 +223,9 @@ class SearchAgentLoop(AgentLoopBase):
         if budget < 1:
             return None
         params = {**sampling_params, "max_tokens": budget, "stop": self.stop}
+        if self._seed_parts is not None:
+            params["seed"] = call_seed(*self._seed_parts, self._calls)
+        self._calls += 1
         start = time.perf_counter()
         output = await self.server_manager.generate(
             request_id=self._request_id,
@@ -387,3 +396,9 @@ def _merge_server_fields(fields: dict[str, Any], new: dict[str, Any]) -> None:
         fields["min_global_steps"] = new["min_global_steps"]
     if "max_global_steps" in new:
         fields["max_global_steps"] = new["max_global_steps"]
+
+
+def call_seed(*parts: Any) -> int:
+    """A 31-bit seed from the parts' values, the same in every process and Python run."""
+    digest = hashlib.sha256(repr(tuple(str(part) for part in parts)).encode()).digest()
+    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF
