@@ -16,8 +16,11 @@ from verl.workers.rollout.replica import TokenOutput
 
 
 class ScriptedPolicy:
-    def __init__(self, tokenizer, texts: list[str]):
+    def __init__(self, tokenizer, texts: list[str], server_fields: dict[str, Any] | None = None):
+        """`server_fields`: the `extra_fields` every output carries, as verl's server adds its weight
+        version (`global_steps`) to each."""
         self.tokenizer = tokenizer
+        self.server_fields = dict(server_fields or {})
         self.texts = list(texts)
         self.token_ids = [tokenizer.encode(text, add_special_tokens=False) for text in self.texts]
         self.calls: list[dict[str, Any]] = []
@@ -39,6 +42,7 @@ class ScriptedPolicy:
             token_ids=token_ids,
             log_probs=log_probs if sampling_params.get("logprobs") else None,
             stop_reason="completed",
+            extra_fields=dict(self.server_fields),
         )
 
     def _emitted_ids(self, ids: list[int], stops: list[str], max_tokens: int) -> list[int]:
@@ -112,7 +116,12 @@ class ScriptedAgentLoop:
     async def run(self, sampling_params: dict[str, Any], **row):
         from verl_memagent.agent import instantiate_agent_loop
 
-        policy = ScriptedPolicy(self.tokenizer, self.texts(int(row["session_id"]), row))
+        # the weight version a sync run's server reports: the step's own (verl's staleness metrics read it)
+        steps = row.get("global_steps")
+        versions = (
+            {} if steps is None else {"global_steps": steps, "min_global_steps": steps, "max_global_steps": steps}
+        )
+        policy = ScriptedPolicy(self.tokenizer, self.texts(int(row["session_id"]), row), server_fields=versions)
         loop = instantiate_agent_loop(
             self.agent, self.trainer_config, policy, self.tokenizer, self.hf_model_type, **self.settings
         )

@@ -8,6 +8,7 @@
 # checkpoints/, retriever.log. Topology as for the GPU recipes: N_GPUS_PER_NODE data-parallel ranks
 # [1] on each of NNODES nodes [1], the run submitted to the Ray cluster at RAY_ADDRESS if set
 # (recipes/cpu/ray_cluster.sh starts one on this machine); Ray's resources follow from them.
+# AGENT_LOOPS_YAML [recipes/cpu/agent_loops.yaml]: the agent loops the run trains.
 set -euo pipefail
 
 AGENT=${1:?usage: recipes/cpu/run.sh memsearcher|mem1|react [hydra overrides...]}
@@ -37,6 +38,6 @@ verl-memagent prepare --input "$QA" --agent "$AGENT" --out "$WORK/train.parquet"
 cp "$WORK/train.parquet" "$WORK/test.parquet"
 export VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl"
 source "$HERE/../common/launch.sh"
-MODEL_PATH="$CACHE/model" DATA_DIR="$WORK" AGENT_LOOPS_YAML="$HERE/agent_loops.yaml" \
+MODEL_PATH="$CACHE/model" DATA_DIR="$WORK" AGENT_LOOPS_YAML=${AGENT_LOOPS_YAML:-$HERE/agent_loops.yaml} \
   N_GPUS_PER_NODE=${N_GPUS_PER_NODE:-1} PYTHON=python launch_main_ppo "$HERE" "$AGENT" \
   trainer.default_local_dir="$WORK/checkpoints" "$@"

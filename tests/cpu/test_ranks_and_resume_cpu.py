@@ -1,0 +1,261 @@
+"""The GPU recipes' trainer at one rank and at two, killed and resumed, on the same fixed rollouts.
+
+For memsearcher (multi-context GRPO, the released optimizer-step count, dynamic batch size) and mem1
+(multi-context GAE with the critic), each recipe script runs on CPU through the documented switch
+(`VERL_PLATFORM=cpu`) with `memagent_examples.scripted.ScriptedAgentLoop`: the real agent loops,
+retriever and reward, with a scripted policy whose several-turn trajectories earn different rewards
+within a group, so that the advantages are not all zero and every run sees the same rollouts.
+
+- Run A: one rank, 3 steps, a checkpoint every step.
+- Run B: two ranks (FSDP2 over gloo, batches padded and balanced over the ranks), 3 steps; killed
+  with SIGKILL, driver and Ray workers, while step 3's checkpoint is being written, then started again
+  with the same command: it resumes from step 2.
+
+B must make A's updates: every parameter's change after steps 1 and 3 within fp32 reduction
+tolerance of A's, the same advantages per trajectory, losses and gradient norms, optimizer-step
+counts, questions in the same order, one metrics line per step and complete trajectory records.
+
+The optimizer is SGD for these runs (the recipes use AdamW): Adam's first steps move every parameter
+by about lr * sign(gradient), whatever the gradient's size, so a wrongly weighted gradient (a padding
+row counted, a row given another trajectory's advantage) would leave the same parameters; SGD's change
+is the gradient itself. About 6-8 minutes on 2 cores.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import pytest
+import torch
+from gpu_recipes import finish, launch, metrics, prepare_data, recipe_env
+from safetensors.torch import load_file
+
+from verl_memagent.trajectories.files import read_records
+
+pytestmark = pytest.mark.slow  # verl's main_ppo runs on CPU, four times per agent
+
+#: |change at two ranks - change at one| per parameter element, relative to the largest change over all
+#: parameters, beyond two float32 roundings of the element itself. The two runs sum each gradient in
+#: another order (per-rank partial sums, then gloo's all-reduce; other micro-batches): float32 rounding.
+#: Measured on memsearcher: 4-6e-5 of the largest change, all of it at the weights' own float32
+#: resolution (1.2e-7 on the RMSNorm weights near 1.0); a row counted twice or dropped moves the
+#: change by 1e-2 and more.
+CHANGE_TOLERANCE = 1e-4
+#: relative tolerance of the losses and gradient norms the workers report
+METRIC_TOLERANCE = 1e-4
+#: GAE's advantages are returns minus the critic's values, which carry the critic's own float32 rounding:
+#: measured up to 2.4e-6 apart on advantages of 0.03-0.1 (GRPO's: 1e-7 relative)
+ADVANTAGE_ABS_TOLERANCE = 1e-5
+LR = 1e-2
+SIZES = {
+    # 2 questions x 4 trajectories of 1-3 contexts each; mini-batches of 1 question x 4 turn rows (released)
+    "memsearcher": [
+        "data.train_batch_size=2",
+        "actor_rollout_ref.rollout.n=4",
+        "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+    ],
+    # 4 two-objective tasks x 1 trajectory; 2 fixed optimizer steps (released: one packed row per trajectory)
+    "mem1": ["data.train_batch_size=4", "actor_rollout_ref.actor.ppo_mini_batch_size=2"],
+}
+#: one epoch of 3 steps
+ROWS = {"memsearcher": 6, "mem1": 12}
+SGD = [
+    f"{role}.optim.{key}"
+    for role in ("actor_rollout_ref.actor", "critic")
+    for key in ("optimizer=SGD", "weight_decay=0", f"lr={LR}")
+]
+COMMON = [
+    *SGD,
+    "actor_rollout_ref.actor.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+    "critic.checkpoint.save_contents=['model','optimizer','extra','hf_model']",
+    "data.dataloader_num_workers=0",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
+    "trainer.total_training_steps=3",
+    "trainer.save_freq=1",
+    "trainer.test_freq=-1",
+    "trainer.val_before_train=False",
+    "+trainer.trajectories.per_step=64",
+]
+
+
+def scripted_loops(path: Path) -> Path:
+    entries = [
+        {
+            "name": agent,
+            "_target_": "memagent_examples.scripted.ScriptedAgentLoop",
+            "agent": agent,
+            "retriever_urls": "${oc.env:MEMAGENT_RETRIEVER_URL}",
+            "topk": 1,
+            "max_turns": 3,
+        }
+        for agent in ("memsearcher", "mem1")
+    ]
+    path.write_text(json.dumps(entries))  # JSON is YAML
+    return path
+
+
+def critic_start(model_dir: Path, out: Path) -> Path:
+    """The tiny model with a value head saved: verl initialises a missing head at random in each rank's
+    process (transformers' init of `score`), so one rank and two would start from different critics."""
+    from transformers import AutoModelForTokenClassification, AutoTokenizer
+
+    torch.manual_seed(0)
+    AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=1).save_pretrained(out)
+    AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
+    return out
+
+
+def session_processes(session: int) -> list[int]:
+    listing = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid, sid in zip(listing[::2], listing[1::2], strict=True) if int(sid) == session]
+
+
+def waiting_on_a_pipe(session: int) -> bool:
+    """Whether a process of the session is blocked opening a named pipe that has no reader (Linux)."""
+    for pid in session_processes(session):
+        try:
+            if Path(f"/proc/{pid}/wchan").read_text() == "wait_for_partner":  # fs/pipe.c, fifo_open
+                return True
+        except OSError:  # the process ended meanwhile
+            continue
+    return False
+
+
+def kill_while_checkpointing(process: subprocess.Popen, checkpoints: Path, step: int) -> None:
+    """SIGKILL the whole run (its session: the script, verl's driver, Ray and its workers) in the middle of
+    writing the checkpoint of `step`: after the actor's (and critic's) shards are written, at the
+    dataloader's state, before verl marks the checkpoint complete. That file is made a named pipe
+    beforehand, which nobody reads: opening it for writing blocks until the kill. The pipe is
+    removed afterwards, leaving the checkpoint as a kill at that point leaves it."""
+    folder = checkpoints / f"global_step_{step}"
+    folder.mkdir(parents=True)
+    os.mkfifo(folder / "data.pt")
+    while not waiting_on_a_pipe(process.pid):
+        assert process.poll() is None, "the run ended before the checkpoint it was to be killed in"
+        time.sleep(0.2)
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    (folder / "data.pt").unlink()
+    deadline = time.time() + 30
+    while session_processes(process.pid) and time.time() < deadline:
+        time.sleep(0.5)
+    assert session_processes(process.pid) == [], "processes of the killed run are left"
+
+
+@pytest.fixture(scope="module", params=["memsearcher", "mem1"])
+def runs(request, tmp_path_factory, tiny_model_dir, retriever_server, bm25_index_dir, data_dir):
+    agent = request.param
+    root = tmp_path_factory.mktemp(f"ranks_{agent}")
+    data = prepare_data(agent, data_dir, root / "data", rows=ROWS[agent])
+    loops = scripted_loops(root / "agent_loops.yaml")
+    url = retriever_server(bm25_index_dir).url
+    overrides = [*COMMON, *SIZES[agent]]
+    if agent == "mem1":
+        overrides.append(f"critic.model.path={critic_start(tiny_model_dir, root / 'critic_start')}")
+
+    one = root / "one_rank"
+    one.mkdir()
+    finish(launch(agent, recipe_env(tiny_model_dir, data, one, url, loops, ranks=1), one, *overrides), one)
+
+    two = root / "two_ranks"
+    two.mkdir()
+    env = recipe_env(tiny_model_dir, data, two, url, loops, ranks=2)
+    kill_while_checkpointing(launch(agent, env, two, *overrides), two / "checkpoints", step=3)
+    killed = {
+        "tracker": (two / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip(),
+        "steps": [line["step"] for line in metrics(two)],
+        "partial": sorted(p.name for p in (two / "checkpoints" / "global_step_3" / "actor").glob("model_*.pt")),
+    }
+    finish(launch(agent, env, two, *overrides), two)
+    return {"agent": agent, "one": one, "two": two, "killed": killed, "initial": tiny_model_dir}
+
+
+def test_the_kill_hit_a_checkpoint_being_written_and_the_restart_resumed_from_the_one_before(runs):
+    assert runs["killed"]["tracker"] == "2"  # step 3's checkpoint was not complete
+    assert runs["killed"]["partial"]  # its actor shards were on disk
+    assert runs["killed"]["steps"][:2] == [1, 2]  # step 3 was logged just before its checkpoint began
+    log = (runs["two"] / "run.log").read_text()
+    assert "Resuming from" in log and "global_step_2" in log
+    assert (runs["two"] / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "3"
+
+
+def test_one_metrics_line_per_step(runs):
+    for run in ("one", "two"):
+        assert [line["step"] for line in metrics(runs[run])] == [1, 2, 3]
+
+
+def _weights(run: Path, step: int, role: str) -> dict[str, torch.Tensor]:
+    folder = run / "checkpoints" / f"global_step_{step}" / role / "huggingface"
+    return {name: value for path in sorted(folder.glob("*.safetensors")) for name, value in load_file(path).items()}
+
+
+def _excess(one: dict, two: dict, base_one: dict, base_two: dict) -> tuple[float, float]:
+    """(largest change of run one, largest excess of |change two - change one| over two float32 roundings)."""
+    largest, excess = 0.0, 0.0
+    for name in one.keys() & base_one.keys():
+        a, b = one[name] - base_one[name], two[name] - base_two[name]
+        rounding = 2 * torch.finfo(torch.float32).eps * torch.maximum(one[name].abs(), two[name].abs())
+        largest = max(largest, a.abs().max().item())
+        excess = max(excess, ((a - b).abs() - rounding).max().item())
+    return largest, excess
+
+
+def test_two_ranks_make_the_updates_of_one(runs):
+    initial = {name: value for path in runs["initial"].glob("*.safetensors") for name, value in load_file(path).items()}
+    for step in (1, 3):
+        one, two = _weights(runs["one"], step, "actor"), _weights(runs["two"], step, "actor")
+        assert one.keys() == two.keys()
+        largest, excess = _excess(one, two, initial, initial)
+        assert largest > 100 * LR * 1e-4, "the update moved nothing: the comparison would prove nothing"
+        assert excess <= CHANGE_TOLERANCE * largest, ("actor", step, excess, largest)
+    if runs["agent"] == "mem1":
+        # the critic's value head starts random and unsaved: its change since step 1, then its step-1 weights
+        one, two = _weights(runs["one"], 1, "critic"), _weights(runs["two"], 1, "critic")
+        later_one, later_two = _weights(runs["one"], 3, "critic"), _weights(runs["two"], 3, "critic")
+        largest, excess = _excess(later_one, later_two, one, two)
+        assert largest > 0 and excess <= CHANGE_TOLERANCE * largest, ("critic", 3, excess, largest)
+        _, excess = _excess(one, two, dict.fromkeys(one, 0.0), dict.fromkeys(two, 0.0))
+        assert excess <= CHANGE_TOLERANCE * largest, ("critic", 1, excess, largest)
+
+
+def test_losses_gradients_and_optimizer_steps_agree(runs):
+    one, two = metrics(runs["one"]), metrics(runs["two"])
+    compared = ["actor/pg_loss", "actor/grad_norm", "critic/vf_loss", "critic/grad_norm", "critic/score/mean"]
+    for a, b in zip(one, two, strict=True):
+        for name in compared:
+            if name in a["data"]:
+                assert b["data"][name] == pytest.approx(a["data"][name], rel=METRIC_TOLERANCE, abs=1e-7), (
+                    name,
+                    a["step"],
+                )
+        assert a["data"]["actor/grad_norm"] > 0
+        rows = round(a["data"]["agent/contexts/mean"] * a["data"]["agent/trajectories"])
+        steps = math.ceil(rows / 4) if runs["agent"] == "memsearcher" else 2  # released count; mem1: fixed
+        assert a["data"]["multi_context/actor_steps"] == b["data"]["multi_context/actor_steps"] == steps
+    assert any(line["data"]["multi_context/padding_rows"] > 0 for line in two)  # the balancing padded
+
+
+def test_records_are_complete_and_hold_the_same_questions_and_advantages(runs):
+    rewards = []
+    for step in (1, 2, 3):
+        records = {}
+        for run in ("one", "two"):
+            found = read_records(runs[run] / "checkpoints" / "trajectories" / f"step_{step}.jsonl")
+            assert len(found) == (8 if runs["agent"] == "memsearcher" else 4)
+            assert len({(r.uid, r.session) for r in found}) == len(found)  # every trajectory once
+            assert all([t.index for t in r.turns] == list(range(len(r.turns))) for r in found)
+            records[run] = sorted(found, key=lambda r: (r.question, r.reward, len(r.turns)))
+        assert [r.question for r in records["one"]] == [r.question for r in records["two"]]
+        assert [r.reward for r in records["one"]] == [r.reward for r in records["two"]]
+        for a, b in zip(records["one"], records["two"], strict=True):
+            assert b.advantage == pytest.approx(a.advantage, rel=METRIC_TOLERANCE, abs=ADVANTAGE_ABS_TOLERANCE)
+        rewards.append({r.reward for r in records["one"]})
+    # the rewards differ (memsearcher: in every step), so the advantages are not all 0
+    assert all(len(step) > 1 for step in rewards) if runs["agent"] == "memsearcher" else len(set.union(*rewards)) > 1
