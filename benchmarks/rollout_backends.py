@@ -19,6 +19,7 @@ import subprocess
 import tempfile
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import psutil
@@ -38,12 +39,9 @@ def tree_rss(root: psutil.Process) -> int:
     return total
 
 
-def run_backend(backend: str, agent: str, steps: int, work: Path, cache: Path, extra: list[str]) -> dict:
-    env = {**os.environ, "WORK": str(work), "MEMAGENT_CPU_CACHE": str(cache)}
-    overrides = [f"rollout_backend={backend}", f"trainer.total_training_steps={steps}", "trainer.save_freq=-1"]
-    command = ["bash", str(RUN), agent, *overrides, *extra]
-    start = time.perf_counter()
-    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+def watch_peak_rss(process: subprocess.Popen) -> Callable[[], int]:
+    """Sample the resident memory of `process` and its descendants every 0.2 s while it runs; the returned
+    function waits for the process to end and gives the peak, in bytes."""
     peak, root = 0, psutil.Process(process.pid)
 
     def sample() -> None:
@@ -54,9 +52,24 @@ def run_backend(backend: str, agent: str, steps: int, work: Path, cache: Path, e
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
+
+    def result() -> int:
+        sampler.join()
+        return peak
+
+    return result
+
+
+def run_backend(backend: str, agent: str, steps: int, work: Path, cache: Path, extra: list[str]) -> dict:
+    env = {**os.environ, "WORK": str(work), "MEMAGENT_CPU_CACHE": str(cache)}
+    overrides = [f"rollout_backend={backend}", f"trainer.total_training_steps={steps}", "trainer.save_freq=-1"]
+    command = ["bash", str(RUN), agent, *overrides, *extra]
+    start = time.perf_counter()
+    process = subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    peak_rss = watch_peak_rss(process)
     output = process.stdout.read()
     process.wait()
-    sampler.join()
+    peak = peak_rss()
     if process.returncode != 0:
         raise SystemExit(f"{backend}: run.sh failed ({process.returncode}):\n{output[-4000:]}")
     rows = [json.loads(line)["data"] for line in (work / "metrics.jsonl").read_text().splitlines()]

@@ -47,8 +47,9 @@ pytestmark = pytest.mark.slow  # verl's main_ppo runs on CPU, four times per age
 #: resolution (1.2e-7 on the RMSNorm weights near 1.0); a row counted twice or dropped moves the
 #: change by 1e-2 and more.
 CHANGE_TOLERANCE = 1e-4
-#: relative tolerance of the losses and gradient norms the workers report
-METRIC_TOLERANCE = 1e-4
+#: relative tolerance of the losses and gradient norms the workers report: measured up to 6.5e-5 apart
+#: (the gradient norm sums float32 squares in another order on each side)
+METRIC_TOLERANCE = 3e-4
 #: GAE's advantages are returns minus the critic's values, which carry the critic's own float32 rounding:
 #: measured up to 2.4e-6 apart on advantages of 0.03-0.1 (GRPO's: 1e-7 relative)
 ADVANTAGE_ABS_TOLERANCE = 1e-5

