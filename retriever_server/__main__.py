@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -172,6 +173,16 @@ def main(argv: list[str] | None = None) -> int:
     except (CorpusError, IndexLoadError, ValueError, RuntimeError) as exc:
         print(f"retriever_server {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C (uvicorn raises it again once the server has shut down)
+        _end_by(signal.SIGINT)
+
+
+def _end_by(stop: signal.Signals) -> None:
+    """End the process by `stop`, quietly: the exit status its caller expects of an interrupted
+    command (a shell reads it as 130), where an uncaught KeyboardInterrupt prints a traceback first."""
+    sys.stderr.flush()
+    signal.signal(stop, signal.SIG_DFL)
+    signal.raise_signal(stop)
 
 
 if __name__ == "__main__":
