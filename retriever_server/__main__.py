@@ -38,6 +38,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument(
         "--prebuilt-faiss", type=Path, help="dense: an existing faiss index of this corpus (no encoding)"
     )
+    build.add_argument(
+        "--prebuilt-lucene", type=Path, help="pyserini: a Lucene index of this corpus built by pyserini's own indexer"
+    )
     build.add_argument("--batch-size", type=int, default=64, help="dense: passages per encoder batch")
     build.add_argument("--device", help="dense: torch device for encoding (default: cuda if present)")
     build.add_argument(
@@ -114,7 +117,13 @@ def _build(args: argparse.Namespace) -> int:
     from retriever_server.index import build_index
 
     meta = build_index(
-        args.kind, args.corpus, args.out, dense=dense, threads=args.threads, progress_every_s=args.progress_every_s
+        args.kind,
+        args.corpus,
+        args.out,
+        dense=dense,
+        threads=args.threads,
+        progress_every_s=args.progress_every_s,
+        prebuilt_lucene=args.prebuilt_lucene,
     )
     if "int8_check" in meta.get("dense", {}):
         from retriever_server.int8_check import summary

@@ -36,9 +36,11 @@ def build_index(
     threads: int = 2,
     show_progress: bool = True,
     progress_every_s: float = 10.0,
+    prebuilt_lucene: Path | None = None,
 ) -> dict:
     """Build an index of `kind` for the JSON-lines `corpus` in `out_dir`; returns its meta. Its phases
-    report progress on stderr (`progress.py`) unless `show_progress` is False."""
+    report progress on stderr (`progress.py`) unless `show_progress` is False. `prebuilt_lucene`:
+    a pyserini index of this corpus built by pyserini's own indexer, imported as it is."""
     if kind not in KINDS:
         raise ValueError(f"--kind: expected one of {KINDS}, got {kind!r}")
     if kind == "dense" and dense is None:
@@ -57,10 +59,13 @@ def build_index(
 
         meta["bm25"] = build_bm25(store, out_dir / "bm25", progress)
     elif kind == "pyserini":
-        from retriever_server.pyserini_index import build_pyserini
+        from retriever_server.pyserini_index import build_pyserini, import_pyserini
 
         with progress.phase("lucene"):
-            meta["pyserini"] = build_pyserini(store, out_dir / "lucene", threads=threads)
+            if prebuilt_lucene is not None:
+                meta["pyserini"] = import_pyserini(store, Path(prebuilt_lucene), out_dir / "lucene")
+            else:
+                meta["pyserini"] = build_pyserini(store, out_dir / "lucene", threads=threads)
     else:
         meta["dense"] = _build_dense(store, out_dir, dense, progress)
     meta["build_seconds"] = round(time.perf_counter() - started, 2)
