@@ -81,7 +81,7 @@ def build_phases(kind: str, dense: DenseOptions | None) -> list[str]:
         return ["corpus", "tokenize", "index"]
     if kind == "pyserini":
         return ["corpus", "lucene"]
-    check = ["int8 check"] if dense.query_quantize == "int8" else []
+    check = ["int8 check", "compile"] if dense.query_quantize == "int8" else []
     if dense.prebuilt_faiss is not None:
         return ["corpus", *check]
     return ["corpus", "encode", *check, *(["faiss"] if dense.index_type != "torch" else [])]
@@ -112,7 +112,7 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progr
                     "--prebuilt-faiss keeps no passage vectors to check the int8 query encoder "
                     "against; pass --query-quantize none"
                 ) from None
-        return {**meta, **_query_quantize(options, spec, store, prebuilt.vectors, progress)}
+        return {**meta, **_query_quantize(options, spec, store, prebuilt.vectors, progress, out_dir)}
     encoder = Encoder(spec, device=options.device)
     embeddings_path = out_dir / EMBEDDINGS_FILE
     embeddings = np.lib.format.open_memmap(
@@ -128,7 +128,7 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progr
             done=done,
         )
     embeddings.flush()
-    meta.update(dim=encoder.dim, **_query_quantize(options, spec, store, embeddings.__getitem__, progress))
+    meta.update(dim=encoder.dim, **_query_quantize(options, spec, store, embeddings.__getitem__, progress, out_dir))
     if options.index_type in FAISS_KINDS:
         with progress.phase("faiss", len(store)) as done:
             build_faiss(embeddings, options.index_type, out_dir / FAISS_FILE, done=done)
@@ -137,16 +137,29 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progr
     return meta
 
 
-def _query_quantize(options: DenseOptions, spec, store: CorpusStore, vectors, progress: BuildProgress) -> dict:
+def _query_quantize(
+    options: DenseOptions, spec, store: CorpusStore, vectors, progress: BuildProgress, out_dir: Path
+) -> dict:
     """The meta's CPU query encoder: int8 where asked and the check finds it keeps recall
-    (`int8_check.py`; its figures are stored too), else fp32 ("none")."""
+    (`int8_check.py`; its figures are stored too), compiled ahead of time for the servers
+    (`precompiled.py`), else fp32 ("none")."""
     if options.query_quantize != "int8":
         return {"query_quantize": options.query_quantize}
     from retriever_server.int8_check import check_int8_queries
 
     with progress.phase("int8 check"):
         check = check_int8_queries(spec, store, vectors)
-    return {"query_quantize": "int8" if check["kept"] else "none", "int8_check": check}
+    if not check["kept"]:
+        return {"query_quantize": "none", "int8_check": check}
+    from retriever_server.precompiled import compile_query_encoder
+
+    with progress.phase("compile"):
+        try:
+            compiled = {"precompiled": compile_query_encoder(spec, out_dir)}
+        except Exception as exc:  # servers compile at load instead, as for an index built before
+            print(f"build: the int8 query encoder was not compiled ahead of time: {type(exc).__name__}: {exc}")
+            compiled = {}
+    return {"query_quantize": "int8", "int8_check": check, **compiled}
 
 
 def read_meta(index_dir: Path) -> dict:
