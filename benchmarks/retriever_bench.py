@@ -15,13 +15,17 @@ rollout-shaped load (each question sent by 5 trajectories), each encoder's in-pr
 soak of
 `--soak-requests` at concurrency 64, and a BM25 scale run on a synthetic corpus of
 `--scale-passages` passages (build time, RSS, qps). Every server runs at its default threads
-unless `--threads` is given. Everything shares the CPUs with the load generator. Last line: one
-JSON object of the headline figures, among them `dense_int8_xN_over_x1_<level>`: our default
-server with one search process per core against one search process.
+unless `--threads` is given. Everything shares the CPUs with the load generator. Before the
+load, the start-up: each index's naive server and ours with 1 and with N search processes, started
+in turn `--startup-reps` times on the idle machine, each timed from its launch to its first 200 on
+/health (the naive server binds only once loaded); medians reported. Last line: one JSON object of
+the headline figures, among them `dense_int8_xN_over_x1_<level>`: our default server with one
+search process per core against one search process, and `<kind>_ready_s_x1|xN` against
+`naive_<kind>_ready_s`.
 
     python benchmarks/retriever_bench.py [--work-dir DIR] [--questions 384] [--threads N]
         [--kinds bm25,dense] [--dense-passages 3000] [--rollout-questions 96]
-        [--scale-passages 1000000] [--soak-requests 100000]
+        [--scale-passages 1000000] [--soak-requests 100000] [--startup-reps 3]
 """
 
 from __future__ import annotations
@@ -128,13 +132,19 @@ def naive_serve(index_dir: Path, port_file: Path, threads: int | None) -> None:
 def ours(index_dir: Path, threads: int | None, *args: str) -> ServerProcess:
     """Our server; `threads` None: its default (the cores divided among its search processes)."""
     thread_flags = () if threads is None else ("--threads", str(threads))
-    return ServerProcess(serve_command(index_dir, *thread_flags, *args), timeout_s=900, cwd=REPO)
+    return ready(ServerProcess(serve_command(index_dir, *thread_flags, *args), cwd=REPO, ready=False))
 
 
 def naive(index_dir: Path, threads: int | None) -> ServerProcess:
     thread_flags = () if threads is None else ("--threads", str(threads))
     command = [sys.executable, __file__, "--naive-serve", str(index_dir), *thread_flags]
-    return ServerProcess(command, timeout_s=900, cwd=REPO)
+    return ready(ServerProcess(command, cwd=REPO, ready=False))
+
+
+def ready(server: ServerProcess) -> ServerProcess:
+    """`server` once it answers /health, with `ready_s`: the seconds since its launch."""
+    server.ready_s = server.wait_ready(timeout_s=900, every_s=0.02)
+    return server
 
 
 async def drive(url: str, bodies: list[list[str]], concurrency: int) -> dict:
@@ -263,6 +273,25 @@ def synthetic_corpus(work: Path, size: int, seed: int = 0) -> tuple[Path, list[t
 # ---------------------------------------------------------------- parts of the run
 
 
+def startup(kind: str, index_dir: Path, threads: int | None, reps: int, report: dict) -> None:
+    """Time to ready of the naive server and of ours with 1 and N search processes at their
+    defaults, started in turn (each alone on the machine), `reps` times; the medians."""
+    servers = {
+        f"naive_{kind}": lambda: naive(index_dir, threads),
+        f"{kind}_x1": lambda: ours(index_dir, threads),
+        f"{kind}_xN": lambda: ours(index_dir, threads, "--search-processes", str(PROCESSES)),
+    }
+    seconds: dict[str, list[float]] = {label: [] for label in servers}
+    for _ in range(reps):
+        for label, start in servers.items():
+            server = start()
+            seconds[label].append(round(server.ready_s, 2))
+            server.stop()
+    for label, values in seconds.items():
+        report[f"{label}_ready"] = {"median_s": round(float(np.median(values)), 2), "runs_s": values}
+        print(f"{label + ' ready':28s} {json.dumps(report[label + '_ready'])}", flush=True)
+
+
 def encoder_ceiling(questions: list[str], threads: int | None, report: dict, key: str) -> None:
     """In-process throughput of each query encoder (fp32, int8): one query per call (no batching)
     and batched (the best batch size is its ceiling)."""
@@ -358,6 +387,7 @@ def main() -> None:
     parser.add_argument("--rollout-questions", type=int, default=96, help="questions x 5 trajectories; 0 skips")
     parser.add_argument("--kinds", default="bm25,dense", help="indexes to measure (comma-separated)")
     parser.add_argument("--threads", type=int, help="threads of every server and the ceiling (default: their own)")
+    parser.add_argument("--startup-reps", type=int, default=3, help="start-ups timed per server; 0 skips")
     parser.add_argument("--naive-serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -383,6 +413,9 @@ def main() -> None:
         report["dense_build_s"] = build("dense", subset, indexes["dense"], *flags)
         report["dense_passages"] = sum(1 for _ in subset.open())
 
+    for kind, index_dir in indexes.items():
+        if args.startup_reps:
+            startup(kind, index_dir, args.threads, args.startup_reps, report)
     for kind, index_dir in indexes.items():
         if kind == "bm25":
             bm25_inprocess(index_dir, questions, report)
@@ -449,6 +482,12 @@ def headline(report: dict, threads: int | None) -> dict:
                 out[f"{label}_p99_ms_{level}"] = figure(f"{label}_{level}", "p99_ms")
                 out[f"{label}_speedup_{level}"] = ratio(figure(f"{label}_{level}"), naive_qps)
         out[f"dense_int8_xN_over_x1_{level}"] = ratio(figure(f"dense_int8_xN_{level}"), figure(f"dense_int8_{level}"))
+    for kind in ("bm25", "dense"):
+        naive_s = figure(f"naive_{kind}_ready", "median_s")
+        out[f"naive_{kind}_ready_s"] = naive_s
+        for n in ("x1", "xN"):
+            out[f"{kind}_ready_s_{n}"] = figure(f"{kind}_{n}_ready", "median_s")
+            out[f"{kind}_ready_{n}_over_naive"] = ratio(figure(f"{kind}_{n}_ready", "median_s"), naive_s)
     for label in ("naive_bm25", "bm25", "naive_dense", *DENSE_VARIANTS):
         out[f"{label}_recall_at_3"] = figure(f"{label}_c64_q1", "recall_at_3")
         out[f"{label}_rollout_qps"] = figure(f"{label}_rollout")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import signal
 import sys
 from dataclasses import fields
 from pathlib import Path
@@ -36,6 +37,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--index-type", default="flat", help="dense: flat, hnsw, ivfpq (faiss) or torch (exact)")
     build.add_argument(
         "--prebuilt-faiss", type=Path, help="dense: an existing faiss index of this corpus (no encoding)"
+    )
+    build.add_argument(
+        "--prebuilt-lucene", type=Path, help="pyserini: a Lucene index of this corpus built by pyserini's own indexer"
     )
     build.add_argument("--batch-size", type=int, default=64, help="dense: passages per encoder batch")
     build.add_argument("--device", help="dense: torch device for encoding (default: cuda if present)")
@@ -113,7 +117,13 @@ def _build(args: argparse.Namespace) -> int:
     from retriever_server.index import build_index
 
     meta = build_index(
-        args.kind, args.corpus, args.out, dense=dense, threads=args.threads, progress_every_s=args.progress_every_s
+        args.kind,
+        args.corpus,
+        args.out,
+        dense=dense,
+        threads=args.threads,
+        progress_every_s=args.progress_every_s,
+        prebuilt_lucene=args.prebuilt_lucene,
     )
     if "int8_check" in meta.get("dense", {}):
         from retriever_server.int8_check import summary
@@ -172,6 +182,16 @@ def main(argv: list[str] | None = None) -> int:
     except (CorpusError, IndexLoadError, ValueError, RuntimeError) as exc:
         print(f"retriever_server {args.command}: error: {exc}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:  # Ctrl-C (uvicorn raises it again once the server has shut down)
+        _end_by(signal.SIGINT)
+
+
+def _end_by(stop: signal.Signals) -> None:
+    """End the process by `stop`, quietly: the exit status its caller expects of an interrupted
+    command (a shell reads it as 130), where an uncaught KeyboardInterrupt prints a traceback first."""
+    sys.stderr.flush()
+    signal.signal(stop, signal.SIG_DFL)
+    signal.raise_signal(stop)
 
 
 if __name__ == "__main__":

@@ -47,14 +47,28 @@ class DenseSearcher:
             self.searched_by = "faiss on cpu"
         if self._index.ntotal != num_passages:
             raise ValueError(f"vector index holds {self._index.ntotal} vectors for {num_passages} passages")
-        spec = EncoderSpec(**meta["encoder"])
-        self._encoder = Encoder(spec, device=options.device, quantize=_quantize(meta, options, on_gpu))
+        self._encoder = _query_encoder(index_dir, meta, _quantize(meta, options, on_gpu), options.device, on_gpu)
         if self._encoder.dim != self._index.dim:
             raise ValueError(f"encoder gives {self._encoder.dim}-d vectors, the index holds {self._index.dim}-d")
         self._batch_size = options.query_batch_size or (64 if self._encoder.device.type == "cpu" else 256)
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         return self._index.search(self._encoder.encode_queries(queries, self._batch_size), k)
+
+
+def _query_encoder(index_dir: Path, meta: dict, quantize: str, device: str | None, on_gpu: bool) -> Encoder:
+    """The int8 encoder the build compiled ahead of time where it runs here, else the model loaded
+    (and on CPU compiled or traced) now."""
+    spec = EncoderSpec(**meta["encoder"])
+    stored = meta.get("precompiled")
+    if quantize == "int8" and not on_gpu and stored is not None:
+        from retriever_server.precompiled import load_query_encoder, unfit
+
+        reason = unfit(stored)
+        if reason is None:
+            return load_query_encoder(spec, index_dir, stored)
+        warnings.warn(f"the index's precompiled query encoder cannot run here ({reason}): compiling now", stacklevel=3)
+    return Encoder(spec, device=device, quantize=quantize)
 
 
 def _quantize(meta: dict, options, on_gpu: bool) -> str:

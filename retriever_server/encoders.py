@@ -6,8 +6,9 @@
   maximum length and prompts as their config files say.
 Anything else: mean pooling and normalisation. Batches are formed from texts of the same padded
 length (few pad tokens, vectors independent of the batch), run under `torch.inference_mode`, fp16
-on GPU; on CPU traced to TorchScript, or int8 (`quantize.py`) compiled by `torch.compile`, several
-times fp32's speed where the index's build found it keeps recall (see `forward_fn`).
+on GPU; on CPU traced to TorchScript, or int8 (`quantize.py`) compiled, several times fp32's speed
+where the index's build found it keeps recall (see `forward_fn`): ahead of time by the build where
+it could (`precompiled.py`, loaded by `Encoder.precompiled` without transformers), else at load.
 """
 
 from __future__ import annotations
@@ -28,6 +29,8 @@ from retriever_server.quantize import quantize_int8
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
 PAD_MULTIPLE = 8  # texts are padded to a multiple of this many tokens (see Encoder._encode)
 RUNNERS = ("compiled", "traced", "eager")  # how a model runs, fastest first (see forward_fn)
+# inductor's options for the int8 encoder, compiled at load or ahead of time (see `_compile`)
+INDUCTOR_OPTIONS = {"realize_cpu_opcount_threshold": 20, "cpp.threads": 1}
 
 
 @dataclass(frozen=True)
@@ -102,17 +105,45 @@ class Encoder:
             raise ValueError(f"quantize: expected one of {QUANTIZE_CHOICES}, got {quantize!r}")
         if quantize == "int8" and self.device.type != "cpu":
             raise ValueError("quantize: int8 runs on CPU only (the GPU encoder runs in fp16); use --quantize none")
-        self._tokenizer = AutoTokenizer.from_pretrained(spec.model)
+        tokenizer = AutoTokenizer.from_pretrained(spec.model)
+        self.input_names = [name for name in tokenizer.model_input_names if name in tokenizer(["probe"])]
+        self.padding = Padding.of(tokenizer, self.input_names)
+        self.tokenizer = tokenizer
+        self.tokenize = lambda texts, max_length: {
+            name: ids
+            for name, ids in tokenizer(texts, truncation=True, max_length=max_length).items()
+            if name in self.input_names
+        }
         # transformers 5 loads a checkpoint in its stored dtype: a half-precision one would run so on CPU
         dtype = torch.float16 if self.device.type == "cuda" else torch.float32
         model = AutoModel.from_pretrained(spec.model, dtype=dtype).eval()
         if quantize == "int8":
             model = quantize_int8(model)
-        model = model.to(self.device)
+        self.model = model.to(self.device)
         self.dim = int(model.config.hidden_size)
         if runner is None:
             runner = "eager" if self.device.type != "cpu" else "compiled" if quantize == "int8" else "traced"
-        self._forward, self.runner = forward_fn(model, self._tokenizer, runner=runner)
+        self._forward, self.runner = forward_fn(self.model, tokenizer, runner=runner)
+
+    @classmethod
+    def precompiled(cls, spec: EncoderSpec, model: Callable[..., torch.Tensor], tokenizer, stored: dict) -> Encoder:
+        """The int8 query encoder an index's build compiled ahead of time (`precompiled.py`): `model`
+        the loaded package, `tokenizer` a `tokenizers.Tokenizer`; neither transformers nor the
+        checkpoint is loaded. Runs on CPU."""
+        self = cls.__new__(cls)
+        self.spec, self.device, self.dim, self.runner = spec, torch.device("cpu"), int(stored["dim"]), "precompiled"
+        self.input_names, self.padding = stored["inputs"], Padding(**stored["padding"])
+        fields = {"input_ids": "ids", "token_type_ids": "type_ids", "attention_mask": "attention_mask"}
+        tokenizer.no_padding()
+
+        def tokenize(texts: list[str], max_length: int) -> dict[str, list[list[int]]]:
+            tokenizer.enable_truncation(max_length, direction=stored["truncation_side"])
+            encodings = tokenizer.encode_batch(texts)
+            return {name: [getattr(encoding, fields[name]) for encoding in encodings] for name in self.input_names}
+
+        self.tokenize = tokenize
+        self._forward = lambda inputs: model(*(inputs[name] for name in self.input_names))
+        return self
 
     def encode_queries(self, queries: list[str], batch_size: int = 64) -> np.ndarray:
         return self._encode([self.spec.query_prefix + q for q in queries], batch_size, self.spec.max_length)
@@ -125,7 +156,7 @@ class Encoder:
         `PAD_MULTIPLE` tokens and batched only with texts padded alike, so its vector does not depend
         on its batch (bitwise, even int8) and few pad tokens are computed."""
         out = np.empty((len(texts), self.dim), dtype=np.float32)
-        tokens = self._tokenizer(texts, truncation=True, max_length=max_length)
+        tokens = self.tokenize(texts, max_length)
         padded = [-(-len(ids) // PAD_MULTIPLE) for ids in tokens["input_ids"]]
         order = sorted(range(len(texts)), key=padded.__getitem__)
         for _, same in itertools.groupby(order, key=padded.__getitem__):
@@ -137,8 +168,7 @@ class Encoder:
 
     @torch.inference_mode()
     def _embed_batch(self, tokens: dict[str, list[list[int]]]) -> np.ndarray:
-        inputs = self._tokenizer.pad(tokens, pad_to_multiple_of=PAD_MULTIPLE, return_tensors="pt")
-        inputs = {key: value.to(self.device) for key, value in inputs.items()}
+        inputs = {key: value.to(self.device) for key, value in self.padding(tokens).items()}
         hidden = self._forward(inputs)
         if self.spec.pooling == "cls":
             pooled = hidden[:, 0]
@@ -151,7 +181,35 @@ class Encoder:
         return pooled.cpu().numpy()
 
 
-class _LastHiddenState(torch.nn.Module):
+@dataclass(frozen=True)
+class Padding:
+    """How a batch's token lists are padded, to the next multiple of `PAD_MULTIPLE` tokens: each
+    input's pad value and the side, as transformers' `tokenizer.pad` pads them, by hand so that a
+    server loading a precompiled encoder needs no transformers (stored in the index's meta)."""
+
+    values: dict[str, int]
+    side: str = "right"
+
+    @classmethod
+    def of(cls, tokenizer, names: list[str]) -> Padding:
+        fill = {"input_ids": tokenizer.pad_token_id, "token_type_ids": tokenizer.pad_token_type_id}
+        return cls({name: int(fill.get(name) or 0) for name in names}, tokenizer.padding_side)
+
+    def __call__(self, tokens: dict[str, list[list[int]]]) -> dict[str, torch.Tensor]:
+        length = -(-max(map(len, tokens["input_ids"])) // PAD_MULTIPLE) * PAD_MULTIPLE
+        padded = {}
+        for name, rows in tokens.items():
+            array = np.full((len(rows), length), self.values[name], dtype=np.int64)
+            for i, row in enumerate(rows):
+                if self.side == "right":
+                    array[i, : len(row)] = row
+                else:
+                    array[i, length - len(row) :] = row
+            padded[name] = torch.from_numpy(array)
+        return padded
+
+
+class LastHiddenState(torch.nn.Module):
     """A model as a function of its input tensors in a fixed order, as tracing needs."""
 
     def __init__(self, model: torch.nn.Module, names: list[str]):
@@ -187,7 +245,7 @@ def forward_fn(model: torch.nn.Module, tokenizer, *, runner: str) -> tuple[Calla
         return lambda inputs: run(*(inputs[name] for name in names))
 
     names = [name for name in tokenizer.model_input_names if name in tokenizer(["probe"])]
-    eager = _LastHiddenState(model, names)
+    eager = LastHiddenState(model, names)
     checks = [batch("one"), batch("two texts", "of", "three")]
     if runner == "compiled":
         compiled = _compile(eager, [batch("retrieval")], checks)
@@ -207,7 +265,7 @@ def forward_fn(model: torch.nn.Module, tokenizer, *, runner: str) -> tuple[Calla
     return by_name(eager), "eager"
 
 
-def _compile(eager: _LastHiddenState, warm_up: list[tuple], checks: list[tuple]) -> Callable | None:
+def _compile(eager: LastHiddenState, warm_up: list[tuple], checks: list[tuple]) -> Callable | None:
     """`eager` compiled by inductor and run once, or None if that fails or it disagrees with `eager`.
 
     One graph serves every batch (its batch size is an unbacked symbol: no recompile at 1) and every
@@ -236,11 +294,11 @@ def _compile(eager: _LastHiddenState, warm_up: list[tuple], checks: list[tuple])
     try:
         if attention is not None:
             eager.model.set_attn_implementation("eager")
-        compiled = torch.compile(eager, dynamic=True, options={"realize_cpu_opcount_threshold": 20, "cpp.threads": 1})
+        compiled = torch.compile(eager, dynamic=True, options=INDUCTOR_OPTIONS)
         with torch.inference_mode():
             for inputs in warm_up:
                 call(*inputs)
-            same = all(_close(forward(*inputs), eager(*inputs), rtol=0.25) for inputs in checks)
+            same = all(close_enough(forward(*inputs), eager(*inputs), rtol=0.25) for inputs in checks)
     except Exception as exc:  # e.g. no C++ compiler
         warnings.warn(f"torch.compile failed, falling back to TorchScript: {type(exc).__name__}: {exc}", stacklevel=3)
         same = False
@@ -251,7 +309,7 @@ def _compile(eager: _LastHiddenState, warm_up: list[tuple], checks: list[tuple])
     return None
 
 
-def _close(value: torch.Tensor, reference: torch.Tensor, *, rtol: float) -> bool:
+def close_enough(value: torch.Tensor, reference: torch.Tensor, *, rtol: float) -> bool:
     """Each text's hidden states within `rtol` of the reference's, relative to their norm."""
     error = torch.linalg.vector_norm(value - reference, dim=(1, 2))
     return bool((error <= rtol * torch.linalg.vector_norm(reference, dim=(1, 2))).all())

@@ -188,9 +188,14 @@ class SearchEngine:
             _settle(self._in_flight.pop(query), error=error)
 
     def close(self) -> None:
+        """A stop: the search processes killed, every query not yet answered failed (its requests
+        answer 500 at once instead of holding the stop)."""
         for worker in self._workers:
             worker.cancel()
         self.pool.close()
+        self._queues.clear()
+        self._waiting = 0
+        self._fail(list(self._in_flight), SearchFailed("the server is stopping"))
 
 
 async def _in_turns(items: list[T]) -> AsyncIterator[list[T]]:

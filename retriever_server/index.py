@@ -36,9 +36,11 @@ def build_index(
     threads: int = 2,
     show_progress: bool = True,
     progress_every_s: float = 10.0,
+    prebuilt_lucene: Path | None = None,
 ) -> dict:
     """Build an index of `kind` for the JSON-lines `corpus` in `out_dir`; returns its meta. Its phases
-    report progress on stderr (`progress.py`) unless `show_progress` is False."""
+    report progress on stderr (`progress.py`) unless `show_progress` is False. `prebuilt_lucene`:
+    a pyserini index of this corpus built by pyserini's own indexer, imported as it is."""
     if kind not in KINDS:
         raise ValueError(f"--kind: expected one of {KINDS}, got {kind!r}")
     if kind == "dense" and dense is None:
@@ -57,10 +59,13 @@ def build_index(
 
         meta["bm25"] = build_bm25(store, out_dir / "bm25", progress)
     elif kind == "pyserini":
-        from retriever_server.pyserini_index import build_pyserini
+        from retriever_server.pyserini_index import build_pyserini, import_pyserini
 
         with progress.phase("lucene"):
-            meta["pyserini"] = build_pyserini(store, out_dir / "lucene", threads=threads)
+            if prebuilt_lucene is not None:
+                meta["pyserini"] = import_pyserini(store, Path(prebuilt_lucene), out_dir / "lucene")
+            else:
+                meta["pyserini"] = build_pyserini(store, out_dir / "lucene", threads=threads)
     else:
         meta["dense"] = _build_dense(store, out_dir, dense, progress)
     meta["build_seconds"] = round(time.perf_counter() - started, 2)
@@ -76,7 +81,7 @@ def build_phases(kind: str, dense: DenseOptions | None) -> list[str]:
         return ["corpus", "tokenize", "index"]
     if kind == "pyserini":
         return ["corpus", "lucene"]
-    check = ["int8 check"] if dense.query_quantize == "int8" else []
+    check = ["int8 check", "compile"] if dense.query_quantize == "int8" else []
     if dense.prebuilt_faiss is not None:
         return ["corpus", *check]
     return ["corpus", "encode", *check, *(["faiss"] if dense.index_type != "torch" else [])]
@@ -107,7 +112,7 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progr
                     "--prebuilt-faiss keeps no passage vectors to check the int8 query encoder "
                     "against; pass --query-quantize none"
                 ) from None
-        return {**meta, **_query_quantize(options, spec, store, prebuilt.vectors, progress)}
+        return {**meta, **_query_quantize(options, spec, store, prebuilt.vectors, progress, out_dir)}
     encoder = Encoder(spec, device=options.device)
     embeddings_path = out_dir / EMBEDDINGS_FILE
     embeddings = np.lib.format.open_memmap(
@@ -123,7 +128,7 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progr
             done=done,
         )
     embeddings.flush()
-    meta.update(dim=encoder.dim, **_query_quantize(options, spec, store, embeddings.__getitem__, progress))
+    meta.update(dim=encoder.dim, **_query_quantize(options, spec, store, embeddings.__getitem__, progress, out_dir))
     if options.index_type in FAISS_KINDS:
         with progress.phase("faiss", len(store)) as done:
             build_faiss(embeddings, options.index_type, out_dir / FAISS_FILE, done=done)
@@ -132,16 +137,29 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progr
     return meta
 
 
-def _query_quantize(options: DenseOptions, spec, store: CorpusStore, vectors, progress: BuildProgress) -> dict:
+def _query_quantize(
+    options: DenseOptions, spec, store: CorpusStore, vectors, progress: BuildProgress, out_dir: Path
+) -> dict:
     """The meta's CPU query encoder: int8 where asked and the check finds it keeps recall
-    (`int8_check.py`; its figures are stored too), else fp32 ("none")."""
+    (`int8_check.py`; its figures are stored too), compiled ahead of time for the servers
+    (`precompiled.py`), else fp32 ("none")."""
     if options.query_quantize != "int8":
         return {"query_quantize": options.query_quantize}
     from retriever_server.int8_check import check_int8_queries
 
     with progress.phase("int8 check"):
         check = check_int8_queries(spec, store, vectors)
-    return {"query_quantize": "int8" if check["kept"] else "none", "int8_check": check}
+    if not check["kept"]:
+        return {"query_quantize": "none", "int8_check": check}
+    from retriever_server.precompiled import compile_query_encoder
+
+    with progress.phase("compile"):
+        try:
+            compiled = {"precompiled": compile_query_encoder(spec, out_dir)}
+        except Exception as exc:  # servers compile at load instead, as for an index built before
+            print(f"build: the int8 query encoder was not compiled ahead of time: {type(exc).__name__}: {exc}")
+            compiled = {}
+    return {"query_quantize": "int8", "int8_check": check, **compiled}
 
 
 def read_meta(index_dir: Path) -> dict:

@@ -8,9 +8,12 @@ live process). Each death and each restart is one line in the log. A restarted p
 again within `crash_window_s` of its restart is a crash loop: the pool calls `on_fatal` with the
 cause, and the server stops, as it does when a restart fails to load.
 
-Everything but loading and searching runs on the event loop. Loading runs in daemon threads (an
-interrupted server does not wait for an index to finish loading), searching in one thread per
-process, each waiting on its pipe without holding the GIL.
+`close()` is a stop: from then on nothing is restarted, and every process is killed at once,
+loading or serving (the pool knows each from the moment it is spawned).
+
+Everything but waiting for a load and searching runs on the event loop. The wait runs in daemon
+threads (an interrupted server does not wait for an index to finish loading), searching in one
+thread per process, each waiting on its pipe without holding the GIL.
 """
 
 from __future__ import annotations
@@ -26,6 +29,7 @@ from typing import TypeVar
 
 import numpy as np
 
+from retriever_server.errors import IndexLoadError
 from retriever_server.search_process import SearchProcess, SearchProcessDied
 
 _log = logging.getLogger("uvicorn.error")  # the server's log, at its --log-level
@@ -38,6 +42,7 @@ class _Slot:
     def __init__(self, index: int):
         self.index = index
         self.process: SearchProcess | None = None
+        self.loading: SearchProcess | None = None  # spawned, not yet ready
         self.live = asyncio.Event()
         self.ready_since = 0.0
         self.restarted = False
@@ -70,10 +75,27 @@ class SearchPool:
         return len(self._slots)
 
     async def start(self) -> None:
-        """Start every process, one after another (later ones find inductor's compile cache warm)."""
-        for slot in self._slots:
-            self._attach(slot, await in_daemon_thread(self._start_process, discard=SearchProcess.close))
+        """Start every process at once and wait until all are ready."""
+        await asyncio.gather(*(self._launch(slot) for slot in self._slots))
         self.description = self._slots[0].process.description
+
+    async def _launch(self, slot: _Slot) -> SearchProcess:
+        """Spawn slot's process (the pool can kill it from now on), wait for it to load, attach it."""
+        if self._closed:
+            raise IndexLoadError("the server is stopping")
+        process = slot.loading = self._start_process()
+        try:
+            await in_daemon_thread(process.wait_ready)
+        except BaseException:  # a failed load, or cancelled: no process is left behind
+            process.close()
+            raise
+        finally:
+            slot.loading = None
+        if self._closed:  # stopped while the load's result was on its way
+            process.close()
+            raise IndexLoadError("the server is stopping")
+        self._attach(slot, process)
+        return process
 
     def live(self) -> int:
         """How many processes can search now; a process found dead here is handled at once."""
@@ -106,7 +128,7 @@ class SearchPool:
         slot.live.set()
 
     def _died(self, slot: _Slot, process: SearchProcess) -> None:
-        if slot.process is not process:  # already handled (seen by the sentinel and by a search)
+        if slot.process is not process or self._closed:  # already handled, or a stop: no restart
             return
         asyncio.get_running_loop().remove_reader(process.sentinel)
         slot.process = None
@@ -134,16 +156,13 @@ class SearchPool:
         )
         started = time.monotonic()
         try:
-            process = await in_daemon_thread(self._start_process, discard=SearchProcess.close)
+            process = await self._launch(slot)
         except Exception as exc:
-            self._on_fatal(f"{name} died ({reason}) and could not be restarted: {exc}")
-            return
-        if self._closed:
-            process.close()
+            if not self._closed:
+                self._on_fatal(f"{name} died ({reason}) and could not be restarted: {exc}")
             return
         slot.restarted = True
         self.restarted += 1
-        self._attach(slot, process)
         _log.warning(
             "retriever_server: search process %d restarted (pid %d) in %.1f s; %d of %d live",
             slot.index,
@@ -154,7 +173,7 @@ class SearchPool:
         )
 
     def close(self) -> None:
-        """Stop every process (each ends when its pipe closes) and any restart under way."""
+        """Stop: no restart from now on, and every process killed now, loading or serving."""
         self._closed = True
         for task in list(self._restarts):
             task.cancel()
@@ -162,23 +181,25 @@ class SearchPool:
             if slot.process is not None:
                 with contextlib.suppress(RuntimeError):  # the loop may be closed already
                     asyncio.get_running_loop().remove_reader(slot.process.sentinel)
-                slot.process.close()
-                slot.process = None
+            for process in (slot.process, slot.loading):
+                if process is not None:
+                    process.close()
+            slot.process = slot.loading = None
+            slot.live.clear()
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
-def in_daemon_thread(function: Callable[[], T], *, discard: Callable[[T], object] = id) -> asyncio.Future[T]:
-    """`function()` run in a daemon thread, awaitable on the running loop; a result that comes after
-    the wait was cancelled is passed to `discard`. Unlike the loop's executor, a daemon thread does
-    not hold up the interpreter's exit (an index may take minutes to load)."""
+def in_daemon_thread(function: Callable[[], T]) -> asyncio.Future[T]:
+    """`function()` run in a daemon thread, awaitable on the running loop (a result that comes after
+    the wait was cancelled is dropped). Unlike the loop's executor, a daemon thread does not hold up
+    the interpreter's exit (an index may take minutes to load)."""
     loop = asyncio.get_running_loop()
     future: asyncio.Future[T] = loop.create_future()
 
     def settle(result=None, error: BaseException | None = None) -> None:
         if future.done():  # cancelled: nobody waits for the result
-            if error is None:
-                discard(result)
-        elif error is not None:
+            return
+        if error is not None:
             future.set_exception(error)
         else:
             future.set_result(result)

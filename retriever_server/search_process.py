@@ -9,16 +9,21 @@ de-duplication and coalescing stay in the server (engine.py).
 Each child runs `LoadOptions.threads` threads in every library it loads (by default
 `options.default_threads`), so that the processes do not fight over the cores.
 
-The child stops when the pipe closes: on `close()`, and when the server dies in any way (its end of
-the pipe closes with it), so no search process outlives its server. A child that dies first raises
-`SearchProcessDied` in the search that finds it gone; its `sentinel` also becomes readable, so a
-supervisor (`pool.py`) learns of a death while the process is idle too.
+A stop is the server's to make: the child ignores SIGINT and SIGTERM from its first instruction
+(they are blocked in the thread that spawns it, and it sets them ignored before unblocking), so a
+Ctrl-C or a `kill` of the process group reaches only the server, which then kills its children
+(`close`). The child also ends on its own when the server is gone: its pipe closes (while it serves)
+or its parent's sentinel fires (while it loads), so no search process outlives its server. A child
+that dies first raises `SearchProcessDied` in the search that finds it gone; its `sentinel` also
+becomes readable, so a supervisor (`pool.py`) learns of a death while the process is idle too.
 """
 
 from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import multiprocessing.connection
+import multiprocessing.resource_tracker
 import os
 import signal
 import threading
@@ -47,9 +52,13 @@ class SearchProcessDied(RuntimeError):
     """The search process ended (killed, crashed, out of memory) while a search needed it."""
 
 
+STOP_SIGNALS = {signal.SIGINT, signal.SIGTERM}  # the server's to handle, never a search process's
+
+
 class SearchProcess:
     """A `Searcher` loaded and run in a child process: `search(queries, k)`, plus the index
-    `description`. Loading blocks; a failure raises the child's `IndexLoadError`."""
+    `description`. Made, the child is started and loading; `wait_ready()` blocks until it has loaded
+    (a failure raises the child's `IndexLoadError`); `close()` kills it, loaded or not."""
 
     def __init__(self, index_dir: Path, options: LoadOptions, *, warm_up_depth: int):
         context = multiprocessing.get_context("spawn")  # no fork of a process with threads running
@@ -60,18 +69,30 @@ class SearchProcess:
             name="retriever-search",
             daemon=True,
         )
-        with _environment(dict.fromkeys(THREAD_VARIABLES, str(options.threads))):  # read by the child's libraries
-            self._process.start()
+        # the child starts with the stop signals blocked (a signal mask survives exec) until it ignores them;
+        # the resource tracker is started first, as starting it unblocks them in this thread
+        multiprocessing.resource_tracker.ensure_running()
+        blocked = signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)
+        try:
+            with _environment(dict.fromkeys(THREAD_VARIABLES, str(options.threads))):  # read by the child's libraries
+                self._process.start()
+        finally:
+            signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
         child_end.close()  # the child holds the only other end: its exit is an EOF here
+        self.description: dict = {}
+
+    def wait_ready(self) -> SearchProcess:
+        """Block until the child has loaded its index and warmed up; itself, for chaining."""
         try:
             failed, payload = self._pipe.recv()
-        except EOFError:
-            self.close()
-            raise IndexLoadError(f"the search process exited while loading ({self.reap()})") from None
+        except (EOFError, OSError):
+            reason = self.reap()
+            raise IndexLoadError(f"the search process exited while loading ({reason})") from None
         if failed:
             self.close()
             raise payload
-        self.description: dict = payload
+        self.description = payload
+        return self
 
     @property
     def pid(self) -> int:
@@ -109,11 +130,11 @@ class SearchProcess:
         return f"exit code {code}"
 
     def close(self) -> None:
+        """Kill the child now, whatever it is doing (it holds nothing that needs a clean exit)."""
         self._pipe.close()
-        self._process.join(timeout=10)
-        if self._process.is_alive():
+        if self._process.exitcode is None:
             self._process.kill()
-            self._process.join()
+        self._process.join()
 
 
 @contextlib.contextmanager
@@ -133,7 +154,11 @@ def _environment(values: dict[str, str]) -> Iterator[None]:
 
 def _serve_searches(pipe, index_dir: Path, options: LoadOptions, warm_up_depth: int) -> None:
     """The child: load, warm up, report ready (or the error), then answer batches until the pipe closes."""
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C reaches the whole group; the server decides
+    signal.pthread_sigmask(signal.SIG_BLOCK, STOP_SIGNALS)  # as spawned; made sure of before ignoring them
+    for stop in STOP_SIGNALS:
+        signal.signal(stop, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)  # one sent meanwhile is dropped, being ignored
+    threading.Thread(target=_exit_with_parent, name="retriever-parent-watch", daemon=True).start()
     # bm25s makes a tqdm bar (hidden) per tokenize call, and tqdm's default lock holds a multiprocessing
     # semaphore, which a killed process leaves to the resource tracker; one process needs a thread lock
     tqdm.tqdm.set_lock(threading.RLock())
@@ -143,7 +168,10 @@ def _serve_searches(pipe, index_dir: Path, options: LoadOptions, warm_up_depth: 
     except Exception as exc:
         pipe.send((True, exc if isinstance(exc, IndexLoadError) else IndexLoadError(f"{type(exc).__name__}: {exc}")))
         return
-    pipe.send((False, searcher.description))
+    try:
+        pipe.send((False, searcher.description))
+    except OSError:  # the server stopped while this process loaded
+        return
     while True:
         try:
             queries, k = pipe.recv()
@@ -157,3 +185,10 @@ def _serve_searches(pipe, index_dir: Path, options: LoadOptions, warm_up_depth: 
             pipe.send(reply)
         except OSError:
             return
+
+
+def _exit_with_parent() -> None:
+    """End this process as soon as the server's is gone, whatever the main thread is doing (loading
+    an index can take minutes, and would end in writing to a closed pipe)."""
+    multiprocessing.connection.wait([multiprocessing.parent_process().sentinel])
+    os._exit(0)

@@ -1,6 +1,11 @@
 """Running the API: bind the socket first (so `--port 0` works and the address is printed), then load
 the index in its search processes (`pool.py`) while /health answers "loading". Exit non-zero if
-loading fails, a restart fails, or a search process is in a crash loop."""
+loading fails, a restart fails, or a search process is in a crash loop.
+
+A stop (SIGINT or SIGTERM, to this process or its whole group, while loading or serving) kills the
+search processes as uvicorn's shutdown begins, before it waits for open connections: a search in
+flight fails with a 500 that says the server is stopping, and nothing is restarted. SIGTERM ends
+the process by that signal, as uvicorn does, and so does SIGINT, without a traceback (`__main__`)."""
 
 from __future__ import annotations
 
@@ -8,6 +13,7 @@ import asyncio
 import contextlib
 import socket
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import uvicorn
@@ -52,14 +58,21 @@ def serve(
     def start_process() -> SearchProcess:
         return SearchProcess(index_dir, load, warm_up_depth=limits.topk_max)
 
+    pool = SearchPool(start_process, search_processes, crash_window_s=crash_window_s, on_fatal=stop)
+    loading: list[asyncio.Task] = []
+
+    def stop_searching() -> None:
+        """Idempotent: the load cancelled, queries in flight failed, every search process killed."""
+        for task in loading:
+            task.cancel()
+        if state.engine is not None:
+            state.engine.close()
+        pool.close()
+
     async def load_index() -> None:
-        pool = SearchPool(start_process, search_processes, crash_window_s=crash_window_s, on_fatal=stop)
         try:
             await pool.start()
             state.store = CorpusStore(Path(index_dir) / "corpus")  # memory-mapped: pages shared with the searchers'
-        except asyncio.CancelledError:
-            pool.close()
-            raise
         except Exception as exc:  # reported when the server has stopped
             pool.close()
             stop(str(exc))
@@ -73,13 +86,11 @@ def serve(
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI):
-        loading = asyncio.get_running_loop().create_task(load_index())
+        loading.append(asyncio.get_running_loop().create_task(load_index()))
         try:
             yield
         finally:
-            loading.cancel()
-            if state.engine is not None:
-                state.engine.close()
+            stop_searching()
 
     app = create_app(state, lifespan)
     # proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so (else +40 ms per response)
@@ -96,7 +107,7 @@ def serve(
         timeout_graceful_shutdown=5,
         timeout_keep_alive=limits.keep_alive_s,
     )
-    server = uvicorn.Server(config)
+    server = _Server(config, on_shutdown=stop_searching)
     if port_file is not None:
         Path(port_file).write_text(str(bound_port))
     print(f"retriever_server: listening on http://{host}:{bound_port}", file=sys.stderr, flush=True)
@@ -105,3 +116,16 @@ def serve(
         print(f"retriever_server: cannot serve {index_dir}: {failure[0]}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+class _Server(uvicorn.Server):
+    """uvicorn's server, which stops searching as its shutdown begins rather than after it has
+    waited for open connections (a search in flight would hold the stop for its whole length)."""
+
+    def __init__(self, config: uvicorn.Config, *, on_shutdown: Callable[[], None]):
+        super().__init__(config)
+        self._on_shutdown = on_shutdown
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        self._on_shutdown()
+        await super().shutdown(sockets)

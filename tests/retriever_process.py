@@ -33,24 +33,44 @@ def serve_command(index_dir: str | os.PathLike, *args: str) -> list[str]:
 
 
 class ServerProcess:
-    """A server child process; `url` is set once it answers `/health`. Stop it with `stop()`."""
+    """A server child process; `url` is set once it answers `/health`. Stop it with `stop()`.
 
-    def __init__(self, command: list[str], *, timeout_s: float = 180.0, cwd: str | os.PathLike | None = None):
+    `ready=False` returns as soon as the process is started (`wait_ready()` waits later);
+    `own_session=True` starts it in a session (and process group) of its own, whose id is its pid:
+    a signal to the group reaches the server's processes only, and `session_pids()` finds every
+    process it started, orphans included."""
+
+    def __init__(
+        self,
+        command: list[str],
+        *,
+        timeout_s: float = 180.0,
+        cwd: str | os.PathLike | None = None,
+        ready: bool = True,
+        own_session: bool = False,
+    ):
         work = Path(tempfile.mkdtemp(prefix="retriever_"))
         atexit.register(shutil.rmtree, work, ignore_errors=True)
-        port_file, self.log = work / "port", work / "server.log"
+        self._port_file, self.log = work / "port", work / "server.log"
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
+        command = [*command, "--port-file", str(self._port_file)]
         with self.log.open("wb") as log:
-            self.process = subprocess.Popen([*command, "--port-file", str(port_file)], env=env, cwd=cwd, stderr=log)
+            self.process = subprocess.Popen(command, env=env, cwd=cwd, stderr=log, start_new_session=own_session)
+        self.started = time.monotonic()
+        if ready:
+            self.wait_ready(timeout_s)
+
+    def wait_ready(self, timeout_s: float = 180.0, every_s: float = 0.2) -> float:
+        """Wait until `/health` answers 200; the seconds since the process was started."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"server exited with {self.process.returncode}: {self.log.read_text()[-2000:]}")
-            if port_file.is_file() and port_file.read_text():
-                self.url = f"http://127.0.0.1:{port_file.read_text()}"
+            if self._port_file.is_file() and self._port_file.read_text():
+                self.url = f"http://127.0.0.1:{self._port_file.read_text()}"
                 if self._healthy():
-                    return
-            time.sleep(0.2)
+                    return time.monotonic() - self.started
+            time.sleep(every_s)
         self.stop()
         raise RuntimeError(f"server not ready after {timeout_s} s: {self.log.read_text()[-2000:]}")
 
@@ -69,6 +89,17 @@ class ServerProcess:
             for pid in task.read_text().split()
         ]
         return [pid for pid in children if "spawn_main" in _read(f"/proc/{pid}/cmdline")]
+
+    def session_pids(self) -> list[int]:
+        """The processes, zombies aside, of the session the server leads (`own_session=True`): its own
+        and every one it started, whoever their parent is now."""
+        self.process.poll()  # reap the server itself once it has ended
+        pids = []
+        for stat in Path("/proc").glob("[0-9]*/stat"):
+            fields = _read(str(stat)).rpartition(")")[2].split()  # after "pid (name)": state, ppid, pgrp, session
+            if len(fields) > 3 and fields[0] != "Z" and int(fields[3]) == self.process.pid:
+                pids.append(int(stat.parent.name))
+        return pids
 
     def rss_mb(self) -> float:
         """Resident memory of the server and its search processes now (Linux /proc VmRSS), in MB."""

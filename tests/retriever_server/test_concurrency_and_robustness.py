@@ -236,8 +236,3 @@ def test_build_errors_name_the_problem(tmp_path):
     assert result.returncode == 2 and f"{bad}:2:" in result.stderr
     result = subprocess.run([*command, "--kind", "dense"], capture_output=True, text=True)
     assert result.returncode == 2 and "--kind dense needs --encoder" in result.stderr
-    good = tmp_path / "good.jsonl"
-    good.write_text('{"id": "0", "contents": "ok"}\n')
-    command[command.index(str(bad))] = str(good)
-    result = subprocess.run([*command, "--kind", "pyserini"], capture_output=True, text=True)
-    assert result.returncode == 2 and "pyserini" in result.stderr and "Java 21" in result.stderr

@@ -226,6 +226,51 @@ def test_bm25_scores_are_lucenes_with_pyserinis_parameters(tmp_path):
     np.testing.assert_allclose(scores[0][:3], [expected[2], expected[0], expected[1]], rtol=1e-6)
 
 
+def test_the_streaming_build_writes_the_files_bm25s_writes(tmp_path, data_dir, questions):
+    """`build_bm25` (chunk by chunk, memory-mapped) against bm25s's own `index` and `save`, over the
+    bundled corpus and passages left with no term: the same parameters, and every term's column
+    the same passages and scores, bit for bit (only the vocabulary's order may differ); searched,
+    the same answers."""
+    import bm25s
+    import Stemmer
+
+    from retriever_server.bm25 import K1, LANGUAGE, B, BM25Index, _tokenize, build_bm25
+    from retriever_server.corpus import CorpusStore, build_store
+    from retriever_server.progress import BuildProgress
+
+    lines = (data_dir / "corpus.jsonl").read_text(encoding="utf-8").splitlines(True)
+    extra = [json.dumps({"id": f"x{i}", "contents": text}) + "\n" for i, text in enumerate(["the of a", "?!", ""])]
+    corpus = tmp_path / "corpus.jsonl"
+    corpus.write_text("".join(lines[:5000] + extra + lines[5000:]), encoding="utf-8")
+    build_store(corpus, tmp_path / "store")
+    store = CorpusStore(tmp_path / "store")
+    build_bm25(store, tmp_path / "streamed", BuildProgress(["tokenize", "index"], enabled=False), chunk=1000)
+    reference = bm25s.BM25(k1=K1, b=B)
+    reference.index(_tokenize(list(store.iter_contents()), Stemmer.Stemmer(LANGUAGE), ids=True), show_progress=False)
+    reference.save(str(tmp_path / "reference"))
+
+    def read(directory):
+        arrays = {name: np.load(directory / f"{name}.csc.index.npy") for name in ("data", "indices", "indptr")}
+        vocab = json.loads((directory / "vocab.index.json").read_text())
+        return vocab, arrays, json.loads((directory / "params.index.json").read_text())
+
+    (vocab, streamed, params), (ref_vocab, ref, ref_params) = read(tmp_path / "streamed"), read(tmp_path / "reference")
+    assert params == ref_params and vocab.keys() == ref_vocab.keys() and vocab[""] == len(vocab) - 1
+    assert {name: a.dtype for name, a in streamed.items()} == {name: a.dtype for name, a in ref.items()}
+    for term, column in vocab.items():
+        if term:
+            ours = slice(*streamed["indptr"][column : column + 2])
+            theirs = slice(*ref["indptr"][ref_vocab[term] : ref_vocab[term] + 2])
+            np.testing.assert_array_equal(streamed["indices"][ours], ref["indices"][theirs])
+            np.testing.assert_array_equal(streamed["data"][ours], ref["data"][theirs])
+    queries = [q["question"] for q in questions[:100]]
+    for backend in ("numpy", "numba"):
+        rows, scores = BM25Index(tmp_path / "streamed", len(store), backend=backend).search(queries, 10)
+        ref_rows, ref_scores = BM25Index(tmp_path / "reference", len(store), backend=backend).search(queries, 10)
+        np.testing.assert_array_equal(scores, ref_scores)
+        np.testing.assert_array_equal(rows, ref_rows)
+
+
 def test_numba_scoring_answers_like_numpy(bm25_index_dir, questions):
     from retriever_server.bm25 import BM25Index
 

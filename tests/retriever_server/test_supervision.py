@@ -3,9 +3,11 @@ on a live one, so no well-behaved client sees an error; /health says degraded me
 has one line per death and per restart; a crash loop stops the server with its cause."""
 
 import asyncio
+import contextlib
 import json
 import os
 import signal
+import threading
 import time
 
 import httpx
@@ -111,3 +113,49 @@ def test_a_crash_loop_stops_the_server_with_its_cause(retriever_server, bm25_ind
     (stopped,) = [line for line in log.splitlines() if "cannot serve" in line]
     assert f"cannot serve {bm25_index_dir}: search process 0 (pid {restarted}) died again" in stopped
     assert "after its restart (killed by SIGKILL): a crash loop" in stopped
+
+
+STOP_WITHIN_S = 1.0
+
+
+@pytest.mark.parametrize("phase", ["loading", "serving"])
+@pytest.mark.parametrize("to", ["process", "group"])
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_ends_every_process_of_the_server_within_a_second(bm25_index_dir, data_dir, stop, to, phase):
+    """Ctrl-C (SIGINT to the group), `kill` (SIGTERM to the server), `docker stop`, systemd: while the
+    index loads, or while a request of 3,600 queries is being searched. No process the server started
+    is left a second later, none was restarted, and the log holds no traceback."""
+    from retriever_process import ServerProcess, serve_command
+
+    command = serve_command(bm25_index_dir, *NUMPY_BM25, "--cache-size", "0", "--search-processes", "2")
+    server = ServerProcess(command, cwd=data_dir.parent, ready=phase == "serving", own_session=True)
+    in_flight = None
+    try:
+        if phase == "loading":
+            wait_until(lambda: len(server.session_pids()) >= 3, timeout_s=30, every_s=0.005)  # server + 2 searchers
+            assert "ready" not in server.log.read_text()
+        else:
+            queries = [f"question {i} film band" for i in range(3600)]
+            in_flight = threading.Thread(target=_post_quietly, args=(server.url, queries), daemon=True)
+            in_flight.start()
+            wait_until(lambda: httpx.get(f"{server.url}/stats").json()["queries"] >= len(queries), timeout_s=30)
+        assert len(server.session_pids()) >= 3
+        sent = time.monotonic()
+        (os.killpg if to == "group" else os.kill)(server.process.pid, stop)
+        wait_until(lambda: not server.session_pids(), timeout_s=10, every_s=0.01)
+        took = time.monotonic() - sent
+        time.sleep(0.5)  # a process restarted late would show up here
+        assert not server.session_pids()
+    finally:
+        if server.process.poll() is None:
+            os.killpg(server.process.pid, signal.SIGKILL)
+    assert took < STOP_WITHIN_S, f"stopped in {took:.2f} s"
+    assert server.process.returncode == -stop  # ended by the signal, as an interrupted command should
+    assert event_lines(server) == []  # no death, no restart, no traceback
+    assert "cannot serve" not in server.log.read_text()
+
+
+def _post_quietly(url: str, queries: list[str]) -> None:
+    """A request the stop cuts short: how it ends is not the test's business."""
+    with contextlib.suppress(httpx.HTTPError):
+        httpx.post(f"{url}/retrieve", json={"queries": queries}, timeout=60)

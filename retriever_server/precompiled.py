@@ -1,0 +1,140 @@
+"""The CPU int8 query encoder compiled ahead of time by the index's build, and loaded by its servers.
+
+Compiled at load (`torch.compile`), the int8 encoder cost every search process 16-23 s of start-up,
+and again after each restart: 70% of a dense server's start (issue #37). It runs twice the queries/s
+of the eager int8 model, so it stays; the work moves to the build. The build exports the model
+(`torch.export`, batch size and padded length symbolic) and compiles it with AOTInductor into one
+package (the kernels and the int8 weights in a shared library), checked against the eager model on
+batches of other shapes, and stores it in the index beside the tokenizer (a `tokenizers` file). A
+search process loads both in about a second and imports neither transformers nor the checkpoint.
+
+A package runs only where it was built for: the same torch, and a CPU with every vector extension of
+the build machine's (the kernels use them; the int8 weights' range follows VNNI). Elsewhere, or for an
+index built before this, the server compiles at load as before and its log says why.
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from pathlib import Path
+
+import torch
+
+from retriever_server.encoders import (
+    INDUCTOR_OPTIONS,
+    PAD_MULTIPLE,
+    Encoder,
+    EncoderSpec,
+    LastHiddenState,
+    close_enough,
+)
+
+DIRECTORY = "query_encoder"  # in the index directory
+PACKAGE_FILE, TOKENIZER_FILE = "int8.pt2", "tokenizer.json"
+MAX_BATCH = 1 << 16  # the largest batch the package takes (the server's batches are 64 by default)
+VECTOR_FLAG_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c")
+
+
+def cpu_vector_flags() -> list[str]:
+    """The vector-extension flags of this CPU (from /proc/cpuinfo; none where it cannot be read)."""
+    try:
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
+    except OSError:
+        return []
+    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
+    return sorted(flag for flag in set(flags) if flag.startswith(VECTOR_FLAG_PREFIXES))
+
+
+def machine() -> dict:
+    """What a package depends on besides the model: torch's version and the CPU's vector extensions."""
+    return {"torch": torch.__version__, "cpu_flags": cpu_vector_flags()}
+
+
+def compile_query_encoder(spec: EncoderSpec, index_dir: Path) -> dict:
+    """Compile the int8 query encoder of `spec` into `index_dir`/query_encoder; the meta's entry: the
+    files, what loading them needs, and the machine it was built on. Raises where the model cannot
+    be exported or compiled, or its compiled form disagrees with the eager one."""
+    out = Path(index_dir) / DIRECTORY
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    try:
+        return _compile_into(spec, out)
+    except BaseException:
+        shutil.rmtree(out, ignore_errors=True)
+        raise
+
+
+def _compile_into(spec: EncoderSpec, out: Path) -> dict:
+    encoder = Encoder(spec, device="cpu", quantize="int8", runner="eager")
+    if not getattr(encoder.tokenizer, "is_fast", False):
+        raise ValueError(f"{spec.model} has no fast tokenizer (a `tokenizers` file) to store")
+    encoder.tokenizer.backend_tokenizer.save(str(out / TOKENIZER_FILE))
+    if getattr(encoder.model.config, "_attn_implementation", None) is not None:
+        encoder.model.set_attn_implementation("eager")  # plain matmuls and softmax, which inductor fuses
+    eager = LastHiddenState(encoder.model, encoder.input_names).eval()
+
+    def batch(*texts: str) -> tuple[torch.Tensor, ...]:
+        padded = encoder.padding(encoder.tokenize(list(texts), spec.max_length))
+        return tuple(padded[name] for name in encoder.input_names)
+
+    longest = -(-spec.max_length // PAD_MULTIPLE) * PAD_MULTIPLE
+    dims = {0: torch.export.Dim("batch", min=1, max=MAX_BATCH), 1: torch.export.Dim("length", min=1, max=longest)}
+    with torch.inference_mode():
+        example = batch("retrieval", "a longer text, padded")
+        exported = torch.export.export(eager, example, dynamic_shapes=(tuple(dims for _ in example),))
+    with tempfile.TemporaryDirectory() as tmp:  # written whole, then moved: a half-written package never loads
+        package = torch._inductor.aoti_compile_and_package(
+            exported, package_path=str(Path(tmp) / PACKAGE_FILE), inductor_configs=INDUCTOR_OPTIONS
+        )
+        compiled = load_package(package)
+        with torch.inference_mode():
+            for inputs in (batch("one"), batch("two texts", "of", "three"), batch("a query " * 40)):
+                if not close_enough(compiled(*inputs), eager(*inputs), rtol=0.25):
+                    raise ValueError(f"the compiled {spec.model} disagrees with the eager model")
+        shutil.move(package, out / PACKAGE_FILE)
+    return {
+        "package": f"{DIRECTORY}/{PACKAGE_FILE}",
+        "tokenizer": f"{DIRECTORY}/{TOKENIZER_FILE}",
+        **model_inputs(encoder),
+        "machine": machine(),
+    }
+
+
+def model_inputs(encoder: Encoder) -> dict:
+    """What `Encoder.precompiled` needs to feed the model as `encoder` does, without transformers."""
+    return {
+        "dim": encoder.dim,
+        "inputs": encoder.input_names,
+        "padding": {"values": encoder.padding.values, "side": encoder.padding.side},
+        "truncation_side": encoder.tokenizer.truncation_side,
+    }
+
+
+def unfit(stored: dict) -> str | None:
+    """Why the package described by `stored` cannot run here, or None if it can."""
+    built, here = stored["machine"], machine()
+    if built["torch"] != here["torch"]:
+        return f"it was compiled for torch {built['torch']}, this is torch {here['torch']}"
+    missing = sorted(set(built["cpu_flags"]) - set(here["cpu_flags"]))
+    if missing:
+        return f"it was compiled for a CPU with {', '.join(missing)}, which this one lacks"
+    return None
+
+
+def load_query_encoder(spec: EncoderSpec, index_dir: Path, stored: dict) -> Encoder:
+    """The precompiled int8 query encoder of the index in `index_dir` (check `unfit` first)."""
+    import tokenizers
+
+    model = load_package(Path(index_dir) / stored["package"])
+    tokenizer = tokenizers.Tokenizer.from_file(str(Path(index_dir) / stored["tokenizer"]))
+    return Encoder.precompiled(spec, model, tokenizer, stored)
+
+
+def load_package(path: Path | str):
+    """The compiled model of an AOTInductor package, as a function of its input tensors. torch's own
+    loader (`torch._inductor.aoti_load_package`) wraps the same C++ loader, but importing inductor
+    and torch.export for it cost 5-10 s of a search process's start; the package's one model takes
+    its inputs flat, in the order exported, and returns one tensor."""
+    loader = torch._C._aoti.AOTIModelPackageLoader(str(path), "model", False, 1, -1)
+    return lambda *tensors: loader.run(list(tensors))[0]
