@@ -94,7 +94,8 @@ async def test_a_sampling_seed_makes_a_rollout_independent_of_batching_and_resta
         )
         row = {"raw_prompt": [{"role": "user", "content": QUESTION}], "extra_info": {"question": QUESTION, "index": 3}}
         await loop.run(dict(VERL_SAMPLING), **row, data_source="test", session_id=session, global_steps=5)
-        return [call["token_ids"] for call in recording.calls]
+        # the first call's tokens: later calls also depend on what the retriever answered (on time or not)
+        return recording.calls[0]["token_ids"]
 
     alone = await play(0, seed=7)
     batched = await asyncio.gather(play(0, seed=7), play(1, seed=7), play(2, seed=7))
