@@ -75,7 +75,7 @@ async def test_sampled_tokens_and_logprobs_are_what_the_trainer_sees(run_agent, 
 async def test_a_sampling_seed_makes_a_rollout_independent_of_batching_and_restarts(
     trainer_config, tokenizer, retriever_url, engine
 ):
-    from conftest import QUESTION, VERL_SAMPLING
+    from agent_helpers import QUESTION, VERL_SAMPLING
 
     from verl_memagent.agent import instantiate_agent_loop
 
