@@ -14,16 +14,19 @@ from pathlib import Path
 import pytest
 import torch
 from retriever_process import build_command
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memagent_examples.learn_codes.reward_curve import follow, summary
 from memagent_examples.learn_codes.reward_curve import main as reward_curve_main
+from memagent_examples.learn_codes.start import DIGESTED_DOORS, contexts_digest, read_record
 from memagent_examples.learn_codes.task import (
     Door,
     build_key,
     demonstration,
+    demonstration_samples,
     make_doors,
     single_token_words,
+    warm_start,
     write_task,
 )
 from memagent_examples.learn_codes.warm_start import (
@@ -130,6 +133,30 @@ def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokeni
         model, samples, steps=12, lr=2e-3, batch_size=4, pad_token_id=tokenizer.pad_token_id, copy_rows=2
     )
     assert sum(losses[-3:]) < sum(losses[:3])
+
+
+def test_a_warm_start_records_how_it_was_built(task, tiny_model_dir, tmp_path):
+    paths, url = task
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(paths["demos"].read_text().splitlines(keepends=True)[: DIGESTED_DOORS + 4]))
+    out = tmp_path / "warm"
+    run = dict(retriever_url=url, agent_loops_yaml=str(AGENT_LOOPS), steps=2, batch_size=2, seed=3, copy_steps=1)
+    warm_start(tiny_model_dir, out, demos, checkpoint_every=1, **run)
+    record = read_record(out)
+    assert record["inputs"] == {"seed": 3, "copy_steps": 1, "steps": 2, "lr": 1e-3, "batch_size": 2}
+    assert read_record(out / "step_1")["inputs"]["steps"] == 1
+    assert record["versions"]["torch"] == torch.__version__ and record["cpu"]["model"]
+    assert record["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert len(record["commit"].removesuffix("+changes")) == 40
+    doors = [Door(**json.loads(line)) for line in demos.read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    played = demonstration_samples(doors[:DIGESTED_DOORS], tokenizer, str(AGENT_LOOPS), url, "qwen2")
+    assert record["contexts"] == {"doors": DIGESTED_DOORS, "sha256": contexts_digest(played)}
+    other = demonstration_samples(doors[1 : DIGESTED_DOORS + 1], tokenizer, str(AGENT_LOOPS), url, "qwen2")
+    assert contexts_digest(other) != contexts_digest(played)
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
+    with pytest.raises(FileNotFoundError, match="no build record"):
+        read_record(tmp_path)
 
 
 def test_a_checkpoint_after_k_steps_is_the_model_of_a_k_step_run(tiny_model_dir, tokenizer):
