@@ -18,7 +18,7 @@ ROOT=$(cd "$HERE/../.." && pwd)
 WORK=$(mkdir -p "${WORK:-$ROOT/outputs/cpu/learn_codes}" && cd "${WORK:-$ROOT/outputs/cpu/learn_codes}" && pwd)
 CACHE=$(mkdir -p "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && cd "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && pwd)
 SEED=${SEED:-0}              # reinforcement learning: the order of the questions and the rollout's sampling
-START=${START:-build}        # build: build the warm start here; shipped: the one in memagent_examples/learn_codes/start
+START=${START:-shipped}      # shipped: RL starts from memagent_examples/learn_codes/start; build: from one built here
 BUILD_SEED=${BUILD_SEED:-0}  # START=build: the tiny model, the task and the warm start
 COPY_STEPS=${COPY_STEPS:-800}  # START=build
 WARM_STEPS=${WARM_STEPS:-200}  # START=build; benchmarks/warm_start_sweep.py: where the policy starts to be right (docs/cpu.md)
