@@ -86,6 +86,7 @@ else
   touch "$BUILD/complete"
 fi
 flock -u 9
+[ "$START" = build ] || phase "RL starts from the shipped warm start $SHIPPED (how it was built: its build.json)"
 heartbeat "training data" verl-memagent prepare --input "$BUILD/task/qa.jsonl" --agent memsearcher \
   --out "$WORK/train.parquet" >/dev/null
 
