@@ -8,7 +8,7 @@ steps is the model of a run of N steps), then `verl-memagent eval` of every chec
 questions, greedy and sampled, as the main job scores its policy. The baseline is the random model
 (no demonstration steps). Prints one line per checkpoint, then one JSON object.
 
-    recipes/cpu/learn_codes.sh trainer.total_training_steps=1   # once, to build and cache the task
+    START=build recipes/cpu/learn_codes.sh trainer.total_training_steps=1   # once, to build and cache the task
     python benchmarks/warm_start_sweep.py --build outputs/cpu/cache/learn_codes/<key> --every 25
 """
 
@@ -67,7 +67,7 @@ def main() -> int:
     parser.add_argument("--every", type=int, default=25, help="checkpoint and score every N steps")
     parser.add_argument("--copy-steps", type=int, default=800)
     parser.add_argument("--samples", type=int, default=4, help="sampled passes over the questions")
-    parser.add_argument("--seed", type=int, default=0, help="the build's SEED")
+    parser.add_argument("--seed", type=int, default=0, help="the build's BUILD_SEED")
     parser.add_argument("--work", type=Path, help="output directory (default: a temporary one)")
     args = parser.parse_args()
     work = args.work or Path(tempfile.mkdtemp(prefix="warm_start_sweep_"))

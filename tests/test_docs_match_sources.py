@@ -46,11 +46,13 @@ def learn_codes_sentences(cpu: Path = CPU) -> list[str]:
     questions, samples = config["data"]["train_batch_size"], config["actor_rollout_ref"]["rollout"]["n"]
     updates = questions // actor["ppo_mini_batch_size"]
     launcher = cpu / "learn_codes.sh"
-    defaults = {name: shell_default(launcher, name) for name in ("COPY_STEPS", "WARM_STEPS", "EVAL_SAMPLES")}
+    names = ("SEED", "START", "EVAL_SAMPLES", "BUILD_SEED", "COPY_STEPS", "WARM_STEPS")
+    defaults = {name: shell_default(launcher, name) for name in names}
     return [
         f"{questions} questions x {samples} trajectories per step, {config['trainer']['total_training_steps']} steps",
         f"lr {lr_text(actor['optim']['lr'])}, {updates} actor updates per step",
-        f"COPY_STEPS={defaults['COPY_STEPS']} WARM_STEPS={defaults['WARM_STEPS']}",
+        " ".join(f"{name}={defaults[name]}" for name in names[:3]),
+        f"BUILD_SEED={defaults['BUILD_SEED']} COPY_STEPS={defaults['COPY_STEPS']} WARM_STEPS={defaults['WARM_STEPS']}",
         f"`WARM_STEPS={defaults['WARM_STEPS']}`",
         f"`EVAL_SAMPLES` ({defaults['EVAL_SAMPLES']}) passes",
     ]
@@ -92,7 +94,8 @@ def test_a_value_changed_without_its_doc_is_caught(tmp_path):
     launcher.write_text(re.sub(r"WARM_STEPS:-\d+", "WARM_STEPS:-999", launcher.read_text()))
     doc = " ".join((REPO / "docs" / "cpu.md").read_text().split())
     missing = [sentence for sentence in learn_codes_sentences(tmp_path) if sentence not in doc]
-    assert missing == ["lr 3e-4, 4 actor updates per step", "COPY_STEPS=800 WARM_STEPS=999", "`WARM_STEPS=999`"]
+    expected = ["lr 3e-4, 4 actor updates per step", "BUILD_SEED=0 COPY_STEPS=800 WARM_STEPS=999", "`WARM_STEPS=999`"]
+    assert missing == expected
 
 
 # ---- markdown tables ------------------------------------------------------------------------------

@@ -147,70 +147,83 @@ def warm_start(
     copy_steps: int = 800,
     checkpoint_every: int = 0,
 ) -> list[float]:
-    """Copy pretraining, then MemSearcher demonstrations of the doors in `demos`; save to `out`.
-    `checkpoint_every` > 0 also saves the model every that many demonstration steps, to
-    `out/step_N`: the same models as runs of N steps (no schedule depends on the step count)."""
-    import asyncio
-
+    """Copy pretraining, then MemSearcher demonstrations of the doors in `demos`; save to `out`, with
+    its build record (`start.build_record`). `checkpoint_every` > 0 also saves the model every that
+    many demonstration steps, to `out/step_N`: the same models as runs of N steps (no schedule
+    depends on the step count)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memagent_examples.learn_codes.warm_start import copy_pretraining, scripted_samples, supervised_steps
+    from memagent_examples.learn_codes.start import DIGESTED_DOORS, RECORD, build_record, contexts_digest
+    from memagent_examples.learn_codes.warm_start import copy_pretraining, supervised_steps
 
     doors = [Door(**json.loads(line)) for line in demos.read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    scripts = [(door.question, demonstration(door, tokenizer.eos_token)) for door in doors]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
-    samples = asyncio.run(
-        scripted_samples(
-            "memsearcher",
-            scripts,
-            tokenizer,
-            agent_loops_yaml,
-            1024,
-            384,
-            model.config.model_type,
-            retriever_urls=retriever_url,
-        )
-    )
+    model_type = model.config.model_type
+    samples = demonstration_samples(doors, tokenizer, agent_loops_yaml, retriever_url, model_type)
+    digested = demonstration_samples(doors[:DIGESTED_DOORS], tokenizer, agent_loops_yaml, retriever_url, model_type)
+    inputs = {"seed": seed, "copy_steps": copy_steps, "steps": steps, "lr": lr, "batch_size": batch_size}
+    record = build_record(inputs, contexts_digest(digested))
+
+    def save(to: Path, steps_done: int) -> None:
+        model.save_pretrained(to)
+        tokenizer.save_pretrained(to)
+        (to / RECORD).write_text(json.dumps({**record, "inputs": {**inputs, "steps": steps_done}}, indent=2) + "\n")
+
     copy_losses = copy_pretraining(model, copy_steps, seed=seed)
     print(f"copy pretraining: {copy_steps} steps, loss {copy_losses[0]:.3f} -> {copy_losses[-1]:.3f}")
 
     def checkpoint(step: int) -> None:
         if checkpoint_every and step % checkpoint_every == 0:
-            model.save_pretrained(out / f"step_{step}")
-            tokenizer.save_pretrained(out / f"step_{step}")
+            save(out / f"step_{step}", step)
 
     losses = supervised_steps(
         model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16, after_step=checkpoint
     )
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
+    save(out, steps)
     return losses
 
 
-#: libraries whose numerics the warm start depends on, and the kinds of file its code is written in
-BUILD_LIBRARIES = ("torch", "transformers", "tokenizers", "bm25s")
+def demonstration_samples(
+    doors: list[Door], tokenizer, agent_loops_yaml: str, retriever_url: str, hf_model_type: str
+) -> list[tuple[list[int], list[int]]]:
+    """The (input ids, labels) the MemSearcher loop builds while playing each door's demonstration."""
+    import asyncio
+
+    from memagent_examples.learn_codes.warm_start import scripted_samples
+
+    scripts = [(door.question, demonstration(door, tokenizer.eos_token)) for door in doors]
+    return asyncio.run(
+        scripted_samples(
+            "memsearcher", scripts, tokenizer, agent_loops_yaml, 1024, 384, hf_model_type, retriever_urls=retriever_url
+        )
+    )
+
+
+#: the kinds of file the build's code is written in
 CODE = {".py", ".yaml", ".jinja"}
 
 
 def build_key(inputs: dict, files: list[Path]) -> str:
     """A digest of what the task and its warm start are built from: `inputs` (seed, steps, ...), the
     `files` given, the code that builds the tiny model, the task, the retriever's answers and the agent
-    loop's contexts, and the versions of `BUILD_LIBRARIES`. Equal digests, equal builds: the main job
-    reuses a cached build under its key."""
+    loop's contexts (not the shipped start's files), and the versions of `start.LIBRARIES`. Equal
+    digests, equal builds: the main job reuses a cached build under its key."""
     from importlib.metadata import version
 
     import memagent_examples
     import retriever_server
     import verl_memagent
+    from memagent_examples.learn_codes.start import LIBRARIES, SHIPPED
 
     package = Path(verl_memagent.__file__).parent
     sources = [package / "agent", package / "search", package / "tiny_model.py"]
     sources += [Path(retriever_server.__file__).parent, Path(memagent_examples.__file__).parent]
-    code = sorted(p for root in sources for p in ([root] if root.is_file() else root.rglob("*")) if p.suffix in CODE)
-    digest = hashlib.sha256(json.dumps({**inputs, **{lib: version(lib) for lib in BUILD_LIBRARIES}}).encode())
+    code = [p for root in sources for p in ([root] if root.is_file() else root.rglob("*")) if p.suffix in CODE]
+    code = sorted(p for p in code if SHIPPED not in p.parents)
+    digest = hashlib.sha256(json.dumps({**inputs, **{lib: version(lib) for lib in LIBRARIES}}).encode())
     for path in [*code, *files]:
         digest.update(f"{path.name}\0".encode())
         digest.update(path.read_bytes())

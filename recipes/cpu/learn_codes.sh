@@ -2,9 +2,11 @@
 # The main job on a laptop: MemSearcher learns a search task on CPU within minutes (docs/cpu.md).
 #   recipes/cpu/learn_codes.sh [hydra overrides...]
 # Builds the password task (doors whose passwords only their own passage states, plus the bundled
-# corpus as distractors), its BM25 index and the warm-started tiny model (copy pretraining, then
-# scripted MemSearcher demonstrations of other doors), once per set of inputs: cached under
-# $MEMAGENT_CPU_CACHE/learn_codes/<key>. Then starts the retriever, scores the warm-started policy
+# corpus as distractors) and its BM25 index once per set of inputs, cached under
+# $MEMAGENT_CPU_CACHE/learn_codes/<key>. RL starts from the warm-started tiny model shipped in
+# memagent_examples/learn_codes/start (the same policy on every machine); START=build builds one here
+# instead (copy pretraining, then scripted MemSearcher demonstrations of other doors; cached too).
+# Then starts the retriever, scores the warm-started policy
 # with `verl-memagent eval` on the task's questions (greedy EM, and sampled EM over $EVAL_SAMPLES
 # samples), trains with verl's real trainer printing one line per step (reward, answered share,
 # searches per trajectory, seconds), scores the trained policy the same way and saves
@@ -15,10 +17,11 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 ROOT=$(cd "$HERE/../.." && pwd)
 WORK=$(mkdir -p "${WORK:-$ROOT/outputs/cpu/learn_codes}" && cd "${WORK:-$ROOT/outputs/cpu/learn_codes}" && pwd)
 CACHE=$(mkdir -p "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && cd "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && pwd)
-SEED=${SEED:-0}        # the tiny model, the task and the warm start
-RL_SEED=${RL_SEED:-$SEED}  # reinforcement learning: the order of the questions and the rollout's sampling
-COPY_STEPS=${COPY_STEPS:-800}
-WARM_STEPS=${WARM_STEPS:-200}  # benchmarks/warm_start_sweep.py: where this build's policy starts to be right (docs/cpu.md)
+SEED=${SEED:-0}              # reinforcement learning: the order of the questions and the rollout's sampling
+START=${START:-shipped}      # shipped: RL starts from memagent_examples/learn_codes/start; build: from one built here
+BUILD_SEED=${BUILD_SEED:-0}  # START=build: the tiny model, the task and the warm start
+COPY_STEPS=${COPY_STEPS:-800}  # START=build
+WARM_STEPS=${WARM_STEPS:-200}  # START=build; benchmarks/warm_start_sweep.py: where the policy starts to be right (docs/cpu.md)
 EVAL_SAMPLES=${EVAL_SAMPLES:-4}
 # One torch thread per process: the job runs several processes on few cores, and torch's threads
 # spin-waiting for each other on a busy machine made a warm-start step 4x slower (docs/cpu.md).
@@ -43,38 +46,54 @@ heartbeat() { # LABEL COMMAND...: run COMMAND; while it runs, say so every 20 s 
 }
 source "$HERE/retriever.sh"
 
-KEY=$(python -m memagent_examples.learn_codes.task build-key --input seed="$SEED" --input copy_steps="$COPY_STEPS" \
-  --input warm_steps="$WARM_STEPS" --file "$AGENT_LOOPS" --file "$CORPUS")
+SHIPPED=$ROOT/memagent_examples/learn_codes/start
+case $START in
+  shipped)  # the task of the seed the shipped start was built with: its demonstrations' doors are not the task's
+    BUILD_SEED=$(python -c 'import json, sys; print(json.load(open(sys.argv[1]))["inputs"]["seed"])' "$SHIPPED/build.json")
+    inputs=(--input start=shipped --input seed="$BUILD_SEED" --file "$SHIPPED/tokenizer.json")
+    BUILT="the task and its BM25 index" TOKENIZER=$SHIPPED ;;
+  build)
+    inputs=(--input seed="$BUILD_SEED" --input copy_steps="$COPY_STEPS" --input warm_steps="$WARM_STEPS")
+    BUILT="the tiny model, the task, its BM25 index and the warm start" ;;
+  *) echo "START=$START: expected shipped or build" >&2; exit 2 ;;
+esac
+KEY=$(python -m memagent_examples.learn_codes.task build-key "${inputs[@]}" --file "$AGENT_LOOPS" --file "$CORPUS")
 BUILD=$CACHE/learn_codes/$KEY
+if [ "$START" = shipped ]; then POLICY=$SHIPPED; else TOKENIZER=$BUILD/model POLICY=$BUILD/model_warm; fi
 mkdir -p "$CACHE/learn_codes"
 exec 9>"$BUILD.lock"
 flock 9  # two main jobs with the same inputs build once
 if [ -f "$BUILD/complete" ]; then
-  phase "task and warm start: reusing $BUILD (built once for these inputs)"
+  phase "$BUILT: reusing $BUILD (built once for these inputs)"
   start_retriever "$BUILD/bm25" "$WORK"
 else
   rm -rf "$BUILD"
-  phase "building the tiny model, the password task and its BM25 index into $BUILD"
-  heartbeat "tiny model" verl-memagent tiny-model --out "$BUILD/model" --seed "$SEED" >/dev/null
-  heartbeat "task" python -m memagent_examples.learn_codes.task task --out "$BUILD/task" --tokenizer "$BUILD/model" \
-    --seed "$SEED" --base-corpus "$CORPUS" >/dev/null
+  phase "building $BUILT into $BUILD"
+  if [ "$START" = build ]; then
+    heartbeat "tiny model" verl-memagent tiny-model --out "$BUILD/model" --seed "$BUILD_SEED" >/dev/null
+  fi
+  heartbeat "task" python -m memagent_examples.learn_codes.task task --out "$BUILD/task" --tokenizer "$TOKENIZER" \
+    --seed "$BUILD_SEED" --base-corpus "$CORPUS" >/dev/null
   heartbeat "BM25 index" python -m retriever_server build --kind bm25 --corpus "$BUILD/task/corpus.jsonl" \
     --out "$BUILD/bm25" >/dev/null
   start_retriever "$BUILD/bm25" "$WORK"
-  phase "warm start: copy pretraining ($COPY_STEPS steps), then demonstrations ($WARM_STEPS steps); cached for the next run"
-  python -m memagent_examples.learn_codes.task warm-start --model "$BUILD/model" --out "$BUILD/model_warm" \
-    --demos "$BUILD/task/demos.jsonl" --retriever "$MEMAGENT_RETRIEVER_URL" \
-    --agent-loops "$AGENT_LOOPS" --copy-steps "$COPY_STEPS" --steps "$WARM_STEPS" --seed "$SEED"
+  if [ "$START" = build ]; then
+    phase "warm start: copy pretraining ($COPY_STEPS steps), then demonstrations ($WARM_STEPS steps); cached for the next run"
+    python -m memagent_examples.learn_codes.task warm-start --model "$BUILD/model" --out "$BUILD/model_warm" \
+      --demos "$BUILD/task/demos.jsonl" --retriever "$MEMAGENT_RETRIEVER_URL" \
+      --agent-loops "$AGENT_LOOPS" --copy-steps "$COPY_STEPS" --steps "$WARM_STEPS" --seed "$BUILD_SEED"
+  fi
   touch "$BUILD/complete"
 fi
 flock -u 9
+[ "$START" = build ] || phase "RL starts from the shipped warm start $SHIPPED (how it was built: its build.json)"
 heartbeat "training data" verl-memagent prepare --input "$BUILD/task/qa.jsonl" --agent memsearcher \
   --out "$WORK/train.parquet" >/dev/null
 
 # EM of a policy on the task's questions, greedy and sampled (the questions repeated as EVAL_SAMPLES datasets)
 EVALS=()
 score_policy() { # NAME MODEL_DIR
-  local eval=(verl-memagent eval --agent memsearcher --model "$2" --tokenizer "$BUILD/model" \
+  local eval=(verl-memagent eval --agent memsearcher --model "$2" --tokenizer "$TOKENIZER" \
     --agent-loops "$AGENT_LOOPS" --retriever "$MEMAGENT_RETRIEVER_URL" --prompt-length 512 --response-length 320)  # learn_codes.yaml's
   local samples=()
   for i in $(seq "$EVAL_SAMPLES"); do samples+=(--data "sample$i=$BUILD/task/qa.jsonl"); done
@@ -86,17 +105,17 @@ score_policy() { # NAME MODEL_DIR
   EVALS+=("${scored[@]}")
 }
 rm -rf "$WORK/eval" "$WORK/checkpoints"
-score_policy before_rl "$BUILD/model_warm"
+score_policy before_rl "$POLICY"
 
 phase "reinforcement learning with verl's trainer: one line per step (details in $WORK/train.log)"
 : >"$WORK/metrics.jsonl"
 VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" python -m verl.trainer.main_ppo \
   --config-path="$HERE" --config-name=learn_codes \
-  actor_rollout_ref.model.path="$BUILD/model_warm" \
+  actor_rollout_ref.model.path="$POLICY" \
   data.train_files="$WORK/train.parquet" \
   data.val_files="$WORK/train.parquet" \
-  data.seed="$RL_SEED" \
-  actor_rollout_ref.rollout.seed="$RL_SEED" \
+  data.seed="$SEED" \
+  actor_rollout_ref.rollout.seed="$SEED" \
   actor_rollout_ref.rollout.agent.agent_loop_config_path="$AGENT_LOOPS" \
   trainer.default_local_dir="$WORK/checkpoints" \
   "$@" >"$WORK/train.log" 2>&1 &

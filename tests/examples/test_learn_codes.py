@@ -13,17 +13,21 @@ from pathlib import Path
 
 import pytest
 import torch
+import yaml
 from retriever_process import build_command
-from transformers import AutoModelForCausalLM
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memagent_examples.learn_codes.reward_curve import follow, summary
+from memagent_examples.learn_codes.reward_curve import eval_em, follow, summary
 from memagent_examples.learn_codes.reward_curve import main as reward_curve_main
+from memagent_examples.learn_codes.start import DIGESTED_DOORS, SHIPPED, contexts_digest, read_record
 from memagent_examples.learn_codes.task import (
     Door,
     build_key,
     demonstration,
+    demonstration_samples,
     make_doors,
     single_token_words,
+    warm_start,
     write_task,
 )
 from memagent_examples.learn_codes.warm_start import (
@@ -36,6 +40,7 @@ from memagent_examples.learn_codes.warm_start import (
 )
 from retriever_server.bm25 import terms
 from verl_memagent.agent.parsing import parse_memory, parse_tool_call_action
+from verl_memagent.cli import main as cli_main
 from verl_memagent.search import RetrieverClient
 
 REPO = Path(__file__).resolve().parents[2]
@@ -82,8 +87,10 @@ def test_demonstration_is_a_valid_memsearcher_trajectory():
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory, retriever_server, tokenizer):
+    """The shipped start's task (its seed), its BM25 index and a retriever serving it."""
     out = tmp_path_factory.mktemp("codes_task")
-    paths = write_task(out / "task", tokenizer, seed=0, base_corpus=REPO / "data" / "corpus.jsonl")
+    seed = read_record(SHIPPED)["inputs"]["seed"]
+    paths = write_task(out / "task", tokenizer, seed=seed, base_corpus=REPO / "data" / "corpus.jsonl")
     subprocess.run(build_command("bm25", paths["corpus"], out / "bm25"), check=True, cwd=REPO)
     return paths, retriever_server(out / "bm25").url
 
@@ -130,6 +137,68 @@ def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokeni
         model, samples, steps=12, lr=2e-3, batch_size=4, pad_token_id=tokenizer.pad_token_id, copy_rows=2
     )
     assert sum(losses[-3:]) < sum(losses[:3])
+
+
+def test_the_shipped_start_has_the_tokenizer_and_config_the_code_builds(tiny_model_dir, tokenizer):
+    """`START=build` builds what was shipped: the same tokenizer (as loaded: transformers converts it
+    to its Qwen2 form), chat template and model config; only the weights are trained."""
+    shipped = AutoTokenizer.from_pretrained(SHIPPED)
+    assert shipped.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
+    assert shipped.chat_template == tokenizer.chat_template
+    assert shipped.all_special_tokens == tokenizer.all_special_tokens
+    for name in ("config.json", "generation_config.json"):
+        built, ours = (json.loads((model / name).read_text()) for model in (tiny_model_dir, SHIPPED))
+        assert {**ours, "transformers_version": None} == {**built, "transformers_version": None}, name
+
+
+def test_the_agent_loop_builds_the_contexts_the_shipped_start_learned(task):
+    """A prompt, template or format change shows the shipped start contexts it was not trained on:
+    then this fails, and the start must be rebuilt and shipped anew (docs/cpu.md)."""
+    paths, url = task
+    record = read_record(SHIPPED)
+    doors = [Door(**json.loads(line)) for line in paths["demos"].read_text().splitlines()][
+        : record["contexts"]["doors"]
+    ]
+    tokenizer = AutoTokenizer.from_pretrained(SHIPPED)
+    model_type = json.loads((SHIPPED / "config.json").read_text())["model_type"]
+    samples = demonstration_samples(doors, tokenizer, str(AGENT_LOOPS), url, model_type)
+    assert contexts_digest(samples) == record["contexts"]["sha256"]
+
+
+def test_the_shipped_start_answers_the_task(task, tmp_path):
+    """The main job's starting point, scored as the main job scores it: greedily it answers 10 of
+    the 16 doors (benchmarks/RESULTS.md); a start the agent loop no longer fits answers next to none."""
+    paths, url = task
+    lengths = yaml.safe_load((REPO / "recipes" / "cpu" / "learn_codes.yaml").read_text())["data"]
+    argv = ["eval", "--agent", "memsearcher", "--model", str(SHIPPED), "--agent-loops", str(AGENT_LOOPS)]
+    argv += ["--retriever", url, "--prompt-length", str(lengths["max_prompt_length"])]
+    argv += ["--response-length", str(lengths["max_response_length"])]
+    assert cli_main([*argv, "--data", f"codes={paths['qa']}", "--out", str(tmp_path)]) == 0
+    assert eval_em(tmp_path / "summary.json") >= 0.5
+
+
+def test_a_warm_start_records_how_it_was_built(task, tiny_model_dir, tmp_path):
+    paths, url = task
+    demos = tmp_path / "demos.jsonl"
+    demos.write_text("".join(paths["demos"].read_text().splitlines(keepends=True)[: DIGESTED_DOORS + 4]))
+    out = tmp_path / "warm"
+    run = dict(retriever_url=url, agent_loops_yaml=str(AGENT_LOOPS), steps=2, batch_size=2, seed=3, copy_steps=1)
+    warm_start(tiny_model_dir, out, demos, checkpoint_every=1, **run)
+    record = read_record(out)
+    assert record["inputs"] == {"seed": 3, "copy_steps": 1, "steps": 2, "lr": 1e-3, "batch_size": 2}
+    assert read_record(out / "step_1")["inputs"]["steps"] == 1
+    assert record["versions"]["torch"] == torch.__version__ and record["cpu"]["model"]
+    assert record["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert len(record["commit"].removesuffix("+changes")) == 40
+    doors = [Door(**json.loads(line)) for line in demos.read_text().splitlines()]
+    tokenizer = AutoTokenizer.from_pretrained(out)
+    played = demonstration_samples(doors[:DIGESTED_DOORS], tokenizer, str(AGENT_LOOPS), url, "qwen2")
+    assert record["contexts"] == {"doors": DIGESTED_DOORS, "sha256": contexts_digest(played)}
+    other = demonstration_samples(doors[1 : DIGESTED_DOORS + 1], tokenizer, str(AGENT_LOOPS), url, "qwen2")
+    assert contexts_digest(other) != contexts_digest(played)
+    assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
+    with pytest.raises(FileNotFoundError, match="no build record"):
+        read_record(tmp_path)
 
 
 def test_a_checkpoint_after_k_steps_is_the_model_of_a_k_step_run(tiny_model_dir, tokenizer):
