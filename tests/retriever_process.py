@@ -12,6 +12,7 @@ from __future__ import annotations
 import atexit
 import os
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -30,6 +31,12 @@ def build_command(kind: str, corpus: str | os.PathLike, out: str | os.PathLike, 
 def serve_command(index_dir: str | os.PathLike, *args: str) -> list[str]:
     """`python -m retriever_server serve` on a free port for `index_dir`, with extra serve options."""
     return [sys.executable, "-m", "retriever_server", "serve", "--index", str(index_dir), "--port", "0", *args]
+
+
+def _interruptible() -> None:
+    """SIGINT as a terminal delivers it: a shell's background job (`scripts/test.sh &`) starts with SIGINT
+    ignored, and a child inherits that, so a server under test would take Ctrl-C as no signal at all."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 class ServerProcess:
@@ -55,7 +62,9 @@ class ServerProcess:
         env = {**os.environ, "HF_HUB_OFFLINE": "1"}
         command = [*command, "--port-file", str(self._port_file)]
         with self.log.open("wb") as log:
-            self.process = subprocess.Popen(command, env=env, cwd=cwd, stderr=log, start_new_session=own_session)
+            self.process = subprocess.Popen(
+                command, env=env, cwd=cwd, stderr=log, start_new_session=own_session, preexec_fn=_interruptible
+            )
         self.started = time.monotonic()
         if ready:
             self.wait_ready(timeout_s)
