@@ -7,12 +7,9 @@ the critic sharded) at smoke sizes. MEM1's and ReAct's run with N_GPUS_PER_NODE=
 MemSearcher's is submitted with RAY_ADDRESS to a Ray cluster of two nodes started on this machine
 (`recipes/cpu/ray_cluster.sh`), one rank each, as docs/reproduce.md says for a multi-node cluster (its
 two ranks on one node run in tests/cpu/test_ranks_and_resume_cpu.py); its checkpoint is then merged
-and scored. With `vllm` the CPU recipe (`recipes/cpu/run.sh`) of MemSearcher runs at N_GPUS_PER_NODE=2
-through verl's own vLLM rollout, tensor parallel 2: its CPU turn format (prompt style `ours`) asks vLLM
-for tool calls and stop strings both; MEM1's and ReAct's loops call the server through the same code
-(`agent/turns.py`) with stop strings only, so their vLLM runs would add minutes and no path. Each run
-goes through the project's agent loop, estimator, trainer and reward and the real retriever. About 2-3
-min per run on 2 cores.
+and scored. With `vllm` the CPU recipes (`recipes/cpu/run.sh`) run at N_GPUS_PER_NODE=2 through
+verl's own vLLM rollout, tensor parallel 2. Each run goes through the project's agent loop, estimator,
+trainer and reward and the real retriever. About 2-3 min per run on 2 cores.
 
 That the trainer trains on the tokens the rollout sampled, with the log-probs it returned, is checked
 with verl's `training/rollout_probs_diff_max`: the largest gap, over every sampled token of a step,
@@ -141,7 +138,7 @@ def memsearcher_gpu_script_run(tmp_path_factory, tiny_model_dir, retriever_serve
 @pytest.mark.timeout(1800)  # a vLLM engine's start took 9 minutes on a loaded 2-core machine
 @pytest.mark.parametrize(
     ("agent", "backend"),
-    [("mem1", "hf"), ("react", "hf"), ("memsearcher", "vllm")],
+    [("mem1", "hf"), ("react", "hf"), ("memsearcher", "vllm"), ("mem1", "vllm"), ("react", "vllm")],
 )
 def test_recipe_trains_two_steps_on_two_ranks(
     agent, backend, recipe_cache, tmp_path, tiny_model_dir, retriever_server, bm25_index_dir, data_dir
