@@ -42,6 +42,15 @@ def test_a_reply_is_kept_and_counted_as_the_released_judge_did(case):
     assert verdict.correct == (released["judgement"] == "correct")
 
 
+@pytest.mark.parametrize("url", ["http://127.0.0.1:8000", "http://127.0.0.1:8000/", "http://127.0.0.1:8000/v1/"])
+async def test_the_judge_url_is_the_server_root_or_an_openai_base_url(url):
+    judge = Judge(JudgeSettings(url=url, model="judge"))
+    try:
+        assert str(judge.http.base_url).rstrip("/") == "http://127.0.0.1:8000"  # asks <root>/v1/chat/completions
+    finally:
+        await judge.aclose()
+
+
 def test_the_prompt_and_the_accuracy_are_the_released_ones():
     examples = []
     for case in RELEASED["cases"]:

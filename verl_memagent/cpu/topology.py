@@ -76,7 +76,8 @@ def hydra_overrides(topology: Topology, cluster: bool) -> list[str]:
 
 
 def ray_start_flags(topology: Topology) -> list[str]:
-    return [f"--num-cpus={topology.node()['num_cpus']}", f"--num-gpus={topology.node()['num_gpus']}"]
+    """`ray start` flags of each node of a cluster."""
+    return [f"--{name.replace('_', '-')}={value}" for name, value in topology.node().items()]
 
 
 def main(argv: list[str] | None = None) -> int:

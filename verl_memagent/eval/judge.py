@@ -27,6 +27,8 @@ from typing import Any
 
 import httpx
 
+from verl_memagent.eval.openai_client import server_root
+
 #: the released prompt, word for word (llm_judge.py:12-33)
 JUDGE_PROMPT = """You will be given a question and its ground truth answer list where each item can be a ground truth answer. \
 Provided a pred_answer, you need to judge if the pred_answer correctly answers the question based on the ground truth answer list. \
@@ -88,7 +90,7 @@ def parse_verdict(content: str | None) -> Verdict:
 
 @dataclass(frozen=True)
 class JudgeSettings:
-    url: str  # the server root, e.g. http://127.0.0.1:8000 (requests go to <url>/v1/chat/completions)
+    url: str  # the server root, e.g. http://127.0.0.1:8000, or with /v1 (requests go to <root>/v1/chat/completions)
     model: str
     api_key_env: str = "OPENAI_API_KEY"  # the key is read from this variable, never from the command line
     concurrency: int = CONCURRENCY
@@ -101,6 +103,8 @@ class VerdictCache:
     def __init__(self, path: Path | None):
         self.path = path
         self.verdicts: dict[str, Verdict] = {}
+        if path is not None:
+            path.parent.mkdir(parents=True, exist_ok=True)
         if path is not None and path.exists():
             for line in path.read_text(encoding="utf-8").splitlines():
                 entry = json.loads(line)
@@ -113,7 +117,6 @@ class VerdictCache:
     def add(self, key: str, verdict: Verdict) -> None:
         self.verdicts[key] = verdict
         if self.path is not None:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
             with self.path.open("a", encoding="utf-8") as out:
                 out.write(json.dumps({"key": key, **asdict(verdict)}) + "\n")
 
@@ -126,7 +129,7 @@ class Judge:
         self.settings, self.pause_s = settings, pause_s
         key = os.environ.get(settings.api_key_env)
         headers = {"Authorization": f"Bearer {key}"} if key else {}
-        self.http = httpx.AsyncClient(base_url=settings.url.rstrip("/"), headers=headers, timeout=300)
+        self.http = httpx.AsyncClient(base_url=server_root(settings.url), headers=headers, timeout=300)
         self.cache = VerdictCache(settings.cache)
         self.slots = asyncio.Semaphore(settings.concurrency)
         self.requests = 0

@@ -41,6 +41,12 @@ class MissingTokenIdsError(RuntimeError):
     """The server did not return the sampled token ids."""
 
 
+def server_root(url: str) -> str:
+    """An OpenAI-compatible server's root from a URL given either way: `http://host:8000` or the
+    `http://host:8000/v1` that OpenAI clients take as their base URL."""
+    return url.rstrip("/").removesuffix("/v1")
+
+
 class CompletionsClient:
     """`generate()` of verl's server manager, answered by an OpenAI-compatible completions endpoint.
 
@@ -61,7 +67,7 @@ class CompletionsClient:
         max_connections: int = 256,
         api_key: str | None = None,
     ) -> None:
-        self.base_url = base_url.rstrip("/").removesuffix("/v1")
+        self.base_url = server_root(base_url)
         self.model = model
         headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
         limits = httpx.Limits(max_connections=max_connections, max_keepalive_connections=max_connections)
