@@ -47,6 +47,34 @@ def tiny_model(tiny_model_dir):
 
 
 @pytest.fixture(scope="session")
+def recipe_cache(tmp_path_factory) -> Path:
+    """The CPU recipes' tiny model and BM25 index (`MEMAGENT_CPU_CACHE`), built once for every recipe run."""
+    return tmp_path_factory.mktemp("recipes_cpu_cache")
+
+
+@pytest.fixture(scope="session")
+def memsearcher_vllm_run(tmp_path_factory, recipe_cache) -> tuple[Path, str]:
+    """The CPU MemSearcher recipe through vLLM at two ranks (`vllm_cpu.run_cpu_recipe_through_vllm`): its work
+    folder and console output. One run serves two test files, since verl's start-up is most of a CPU run:
+    the recipe tests (tests/cpu/test_recipes_cpu.py) and the trajectory records'
+    (tests/trajectories/test_trajectory_records_cpu.py), which need wandb (offline) beside the file logger,
+    verl's own dump of every sample, every trajectory recorded, and a reward the random tiny model earns
+    unevenly, so that the advantages are not all zero."""
+    from vllm_cpu import run_cpu_recipe_through_vllm
+
+    work = tmp_path_factory.mktemp("memsearcher_vllm")
+    overrides = [
+        "trainer.logger=[console,file,wandb]",
+        f"trainer.rollout_data_dir={work / 'rollouts'}",
+        "+trainer.trajectories.per_step=4",  # 2 questions x 2 trajectories: all of them
+        f"reward.custom_reward_function.path={REPO_ROOT / 'tests' / 'cpu' / 'char_overlap_reward.py'}",
+        "reward.custom_reward_function.name=compute_score",
+    ]
+    wandb = {"WANDB_MODE": "offline", "WANDB_DIR": str(work), "WANDB_SILENT": "true"}
+    return work, run_cpu_recipe_through_vllm("memsearcher", work, recipe_cache, *overrides, **wandb)
+
+
+@pytest.fixture(scope="session")
 def retriever_server():
     """Factory `retriever_server(index_dir, *serve_args) -> ServerProcess`; all stopped at session end."""
     from retriever_process import ServerProcess, serve_command

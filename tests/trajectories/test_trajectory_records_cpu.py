@@ -1,12 +1,11 @@
-"""A CPU MemSearcher run (recipes/cpu/run.sh: verl's real trainer, 2 GRPO steps, validation after the last)
-writes trajectory records whose turns are the samples verl trained on, with the rewards verl's own
-rollout dump shows and the advantages GRPO gives them; wandb (offline) and the page show the same
-trajectories. About 2-3 minutes on 2 cores."""
+"""A CPU MemSearcher run (recipes/cpu/run.sh through vLLM at two ranks, 2 GRPO steps, validation after the
+last; the session's `memsearcher_vllm_run`, which the recipe tests share) writes trajectory records whose
+turns are the samples verl trained on, with the rewards verl's own rollout dump shows and the advantages
+GRPO gives them; wandb (offline) and the page show the same trajectories."""
 
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 from collections import defaultdict
@@ -21,37 +20,15 @@ from browsing import choose, open_page, wait_ready
 from verl_memagent.trajectories.files import read_records
 from verl_memagent.trajectories.table import read_offline_tables, table_rows
 
-pytestmark = pytest.mark.slow  # verl's main_ppo runs on CPU
+# verl's main_ppo runs on CPU; the run's vLLM engine took 9 minutes to start on a loaded 2-core machine
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
-RUN = Path(__file__).resolve().parents[2] / "recipes" / "cpu" / "run.sh"
 EPS = 1e-6  # multi_context_grpo's epsilon
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory):
-    work = tmp_path_factory.mktemp("memsearcher_records")
-    env = {
-        **os.environ,
-        "WORK": str(work),
-        "MEMAGENT_CPU_CACHE": str(work / "cache"),
-        "WANDB_MODE": "offline",
-        "WANDB_DIR": str(work),
-        "WANDB_SILENT": "true",
-    }
-    overrides = [
-        "trainer.test_freq=2",  # validation after the last step
-        "trainer.logger=[console,file,wandb]",
-        f"trainer.rollout_data_dir={work / 'rollouts'}",  # verl's own dump of every sample, to compare with
-        "+trainer.trajectories.per_step=4",  # 2 questions x 2 trajectories: all of them
-        # a reward the random tiny model earns unevenly, so that the advantages are not all zero
-        f"reward.custom_reward_function.path={RUN.parents[2] / 'tests' / 'cpu' / 'char_overlap_reward.py'}",
-        "reward.custom_reward_function.name=compute_score",
-    ]
-    done = subprocess.run(
-        ["bash", str(RUN), "memsearcher", *overrides], env=env, capture_output=True, text=True, timeout=900
-    )
-    assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
-    return work
+def run(memsearcher_vllm_run) -> Path:
+    return memsearcher_vllm_run[0]
 
 
 def verl_dump(work: Path, step: int) -> dict[str, dict]:
