@@ -11,10 +11,18 @@ search process loads both in about a second and imports neither transformers nor
 A package runs only where it was built for: the same torch, and a CPU with every vector extension of
 the build machine's (the kernels use them; the int8 weights' range follows VNNI). Elsewhere, or for an
 index built before this, the server compiles at load as before and its log says why.
+
+Compiling takes 1-2 minutes on 2 cores, and the package depends only on the model's files, the encoder
+settings, torch and the CPU: a build keeps each package in a cache (`RETRIEVER_COMPILE_CACHE`, default
+~/.cache/retriever_server/query_encoders; `off` turns it off), and the next index of the same encoder on
+the same machine takes it from there, checked against the eager model as a new package is.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import shutil
 import tempfile
 from pathlib import Path
@@ -80,25 +88,71 @@ def _compile_into(spec: EncoderSpec, out: Path) -> dict:
 
     longest = -(-spec.max_length // PAD_MULTIPLE) * PAD_MULTIPLE
     dims = {0: torch.export.Dim("batch", min=1, max=MAX_BATCH), 1: torch.export.Dim("length", min=1, max=longest)}
-    with torch.inference_mode():
-        example = batch("retrieval", "a longer text, padded")
-        exported = torch.export.export(eager, example, dynamic_shapes=(tuple(dims for _ in example),))
-    with tempfile.TemporaryDirectory() as tmp:  # written whole, then moved: a half-written package never loads
-        package = torch._inductor.aoti_compile_and_package(
-            exported, package_path=str(Path(tmp) / PACKAGE_FILE), inductor_configs=INDUCTOR_OPTIONS
-        )
-        compiled = load_package(package)
+
+    def agrees(package: Path) -> bool:
         with torch.inference_mode():
-            for inputs in (batch("one"), batch("two texts", "of", "three"), batch("a query " * 40)):
-                if not close_enough(compiled(*inputs), eager(*inputs), rtol=0.25):
-                    raise ValueError(f"the compiled {spec.model} disagrees with the eager model")
-        shutil.move(package, out / PACKAGE_FILE)
+            compiled = load_package(package)
+            checks = (batch("one"), batch("two texts", "of", "three"), batch("a query " * 40))
+            return all(close_enough(compiled(*inputs), eager(*inputs), rtol=0.25) for inputs in checks)
+
+    def usable(cached: Path) -> bool:
+        try:
+            if agrees(cached):
+                print(f"build: the int8 query encoder from the compile cache ({cached})")
+                return True
+        except Exception as exc:  # damaged or foreign: compiled again below, and replaced
+            print(f"build: the compile cache's {cached} does not load ({type(exc).__name__}): compiling")
+            return False
+        print(f"build: the compile cache's {cached} disagrees with the eager model: compiling")
+        return False
+
+    cached = cached_package(spec)
+    if cached is not None and cached.is_file() and usable(cached):
+        shutil.copyfile(cached, out / PACKAGE_FILE)
+    else:
+        with tempfile.TemporaryDirectory() as tmp:  # written whole, then moved: a half-written package never loads
+            with torch.inference_mode():
+                example = batch("retrieval", "a longer text, padded")
+                exported = torch.export.export(eager, example, dynamic_shapes=(tuple(dims for _ in example),))
+            package = Path(
+                torch._inductor.aoti_compile_and_package(
+                    exported, package_path=str(Path(tmp) / PACKAGE_FILE), inductor_configs=INDUCTOR_OPTIONS
+                )
+            )
+            if not agrees(package):
+                raise ValueError(f"the compiled {spec.model} disagrees with the eager model")
+            if cached is not None:  # written whole, then renamed: a half-written package is never found
+                cached.parent.mkdir(parents=True, exist_ok=True)
+                partial = cached.with_name(f".{os.getpid()}.partial")
+                shutil.copyfile(package, partial)
+                os.replace(partial, cached)
+            shutil.move(package, out / PACKAGE_FILE)
     return {
         "package": f"{DIRECTORY}/{PACKAGE_FILE}",
         "tokenizer": f"{DIRECTORY}/{TOKENIZER_FILE}",
         **model_inputs(encoder),
         "machine": machine(),
     }
+
+
+def cached_package(spec: EncoderSpec) -> Path | None:
+    """Where the compile cache keeps the package of `spec` for this machine; None when the cache is off or
+    the model is not a local directory. The key hashes every file of the model, the encoder settings,
+    the compile options and `machine()`."""
+    setting = os.environ.get("RETRIEVER_COMPILE_CACHE", "")
+    model_dir = Path(spec.model)
+    if setting == "off" or not model_dir.is_dir():
+        return None
+    default = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "retriever_server" / "query_encoders"
+    key = hashlib.sha256(
+        json.dumps([spec.to_json(), INDUCTOR_OPTIONS, MAX_BATCH, PAD_MULTIPLE, machine()], sort_keys=True).encode()
+    )
+    for path in sorted(p for p in model_dir.rglob("*") if p.is_file()):
+        key.update(f"{path.relative_to(model_dir)}\0{path.stat().st_size}\0".encode())
+        with path.open("rb") as handle:
+            for block in iter(lambda: handle.read(1 << 20), b""):
+                key.update(block)
+    return (Path(setting) if setting else default) / key.hexdigest() / PACKAGE_FILE
 
 
 def model_inputs(encoder: Encoder) -> dict:

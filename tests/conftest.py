@@ -10,13 +10,27 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
 # fixtures that start Ray (tens of seconds on 2 cores), compile a model or build dense indexes: their
 # tests are `slow`
-SLOW_FIXTURES = {"transfer_queue", "local_ray", "int8_encoder", "torch_index", "flat_index"}
+SLOW_FIXTURES = {
+    *("transfer_queue", "local_ray", "int8_encoder"),
+    *("torch_build", "torch_index", "flat_build", "flat_index"),
+}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         if SLOW_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.slow)
+
+
+@pytest.fixture(scope="session", autouse=True)
+def compile_cache(tmp_path_factory) -> Path:
+    """The retriever's compile cache of this session (`RETRIEVER_COMPILE_CACHE`, inherited by the builds the
+    tests start): empty at first, so that each session compiles, and never the user's."""
+    import os
+
+    path = tmp_path_factory.mktemp("compile_cache")
+    os.environ["RETRIEVER_COMPILE_CACHE"] = str(path)
+    return path
 
 
 @pytest.fixture(scope="session")

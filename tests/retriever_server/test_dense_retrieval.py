@@ -38,6 +38,7 @@ from retriever_server.encoders import (
     BGE_QUERY_INSTRUCTION,
     PAD_MULTIPLE,
     Encoder,
+    EncoderSpec,
     LastHiddenState,
     forward_fn,
     resolve_spec,
@@ -45,7 +46,7 @@ from retriever_server.encoders import (
 from retriever_server.index import Searcher
 from retriever_server.int8_check import WINDOW_WORDS, pseudo_query
 from retriever_server.options import LoadOptions
-from retriever_server.precompiled import machine, model_inputs, unfit
+from retriever_server.precompiled import cached_package, machine, model_inputs, unfit
 from retriever_server.quantize import Int8Linear
 
 N_QUESTIONS, N_PASSAGES = 40, 300
@@ -81,20 +82,61 @@ def _build(*args: str, check: bool = True) -> subprocess.CompletedProcess:
 
 
 @pytest.fixture(scope="module")
-def torch_index(tmp_path_factory, subset, minilm_dir) -> Path:
+def torch_build(tmp_path_factory, subset, minilm_dir) -> tuple[Path, str]:
+    """A torch index of the subset, and its build's output. A damaged package lies where the compile cache
+    (the session's own, tests/conftest.py) keeps MiniLM's: the build must find it unusable and compile."""
+    planted = cached_package(resolve_spec(minilm_dir))
+    planted.parent.mkdir(parents=True, exist_ok=True)
+    planted.write_bytes(b"not a package")
     out = tmp_path_factory.mktemp("dense_torch")
-    _build("--corpus", str(subset[0]), "--out", str(out), "--encoder", minilm_dir, "--index-type", "torch")
-    return out
+    done = _build("--corpus", str(subset[0]), "--out", str(out), "--encoder", minilm_dir, "--index-type", "torch")
+    return out, done.stdout
 
 
 @pytest.fixture(scope="module")
-def flat_index(tmp_path_factory, subset, minilm_dir, torch_index) -> Path:
-    """A faiss Flat file built elsewhere, imported like Search-R1's e5_Flat.index (no re-encoding)."""
+def torch_index(torch_build) -> Path:
+    return torch_build[0]
+
+
+@pytest.fixture(scope="module")
+def flat_build(tmp_path_factory, subset, minilm_dir, torch_index) -> tuple[Path, str]:
+    """A faiss Flat file built elsewhere, imported like Search-R1's e5_Flat.index (no re-encoding); the
+    build's output."""
     faiss_file = tmp_path_factory.mktemp("prebuilt") / "e5_Flat.index"
     build_faiss(np.load(torch_index / EMBEDDINGS_FILE), "flat", faiss_file)
     out = tmp_path_factory.mktemp("dense_flat")
-    _build("--corpus", str(subset[0]), "--out", str(out), "--encoder", minilm_dir, "--prebuilt-faiss", str(faiss_file))
-    return out
+    args = ["--corpus", str(subset[0]), "--out", str(out), "--encoder", minilm_dir, "--prebuilt-faiss", str(faiss_file)]
+    return out, _build(*args).stdout
+
+
+@pytest.fixture(scope="module")
+def flat_index(flat_build) -> Path:
+    return flat_build[0]
+
+
+def test_a_second_index_of_an_encoder_takes_its_package_from_the_compile_cache(torch_build, flat_build, minilm_dir):
+    """The torch index's build found a damaged package in the cache, compiled and replaced it; the flat
+    index's build of the same encoder took that package instead of compiling again."""
+    planted = cached_package(resolve_spec(minilm_dir))
+    assert f"the compile cache's {planted} does not load" in torch_build[1]
+    assert f"the int8 query encoder from the compile cache ({planted})" in flat_build[1]
+    for index, _ in (torch_build, flat_build):
+        assert (index / "query_encoder" / "int8.pt2").read_bytes() == planted.read_bytes()
+
+
+def test_the_compile_cache_key_follows_the_model_files_and_can_be_turned_off(tmp_path, monkeypatch):
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    (model / "model.safetensors").write_bytes(b"weights")
+    first = cached_package(EncoderSpec(model=str(model)))
+    assert first == cached_package(EncoderSpec(model=str(model)))
+    assert first != cached_package(EncoderSpec(model=str(model), max_length=256))
+    (model / "model.safetensors").write_bytes(b"other weights")
+    assert cached_package(EncoderSpec(model=str(model))) != first
+    assert cached_package(EncoderSpec(model="intfloat/e5-base-v2")) is None  # a hub name, not files here
+    monkeypatch.setenv("RETRIEVER_COMPILE_CACHE", "off")
+    assert cached_package(EncoderSpec(model=str(model))) is None
 
 
 def test_resolve_spec_follows_each_family(minilm_dir):
@@ -414,6 +456,20 @@ def test_a_flat_file_loads_as_an_exact_torch_index(torch_index, flat_index):
     assert (rows[:, 0] == np.arange(0, len(embeddings), 11)).all()  # each passage finds itself first
     assert from_file.devices == ["cpu"] * 3
     assert Searcher(torch_index, LoadOptions(device="cpu")).description["searched_by"] == "torch on cpu"
+
+
+@pytest.mark.parametrize("kind", ["flat", "hnsw"])
+def test_a_flat_or_hnsw_file_is_mapped_not_read_into_memory(tmp_path, kind):
+    """Their vectors are page cache the search processes share (IO_FLAG_MMAP_IFC), not a copy in each
+    process's anonymous memory (what IO_FLAG_MMAP alone gives), and they search as the file's own."""
+    vectors = np.random.default_rng(0).standard_normal((2000, 32)).astype(np.float32)
+    vectors /= np.linalg.norm(vectors, axis=1, keepdims=True)
+    path = tmp_path / f"{kind}.index"
+    build_faiss(vectors, kind, path)
+    index = FaissIndex(path)
+    assert str(path) in Path("/proc/self/maps").read_text()
+    rows, _ = index.search(vectors[:50], 1)
+    assert (rows[:, 0] == np.arange(50)).all()
 
 
 def test_a_flat_index_goes_to_the_gpus_only_where_it_fits():
