@@ -89,27 +89,26 @@ def _compile_into(spec: EncoderSpec, out: Path) -> dict:
     longest = -(-spec.max_length // PAD_MULTIPLE) * PAD_MULTIPLE
     dims = {0: torch.export.Dim("batch", min=1, max=MAX_BATCH), 1: torch.export.Dim("length", min=1, max=longest)}
 
-    def agrees(package: Path) -> bool:
-        with torch.inference_mode():
-            compiled = load_package(package)
-            checks = (batch("one"), batch("two texts", "of", "three"), batch("a query " * 40))
-            return all(close_enough(compiled(*inputs), eager(*inputs), rtol=0.25) for inputs in checks)
-
-    def usable(cached: Path) -> bool:
+    def flaw(package: Path) -> str | None:
+        """Why `package` cannot stand for the eager model, or None."""
         try:
-            if agrees(cached):
-                print(f"build: the int8 query encoder from the compile cache ({cached})")
-                return True
-        except Exception as exc:  # damaged or foreign: compiled again below, and replaced
-            print(f"build: the compile cache's {cached} does not load ({type(exc).__name__}): compiling")
-            return False
-        print(f"build: the compile cache's {cached} disagrees with the eager model: compiling")
-        return False
+            compiled = load_package(package)
+        except RuntimeError as exc:  # not a package (damaged, half-written by hand, foreign)
+            return f"does not load ({exc})"
+        with torch.inference_mode():
+            checks = (batch("one"), batch("two texts", "of", "three"), batch("a query " * 40))
+            agrees = all(close_enough(compiled(*inputs), eager(*inputs), rtol=0.25) for inputs in checks)
+        return None if agrees else "disagrees with the eager model"
 
     cached = cached_package(spec)
-    if cached is not None and cached.is_file() and usable(cached):
+    found = cached is not None and cached.is_file()
+    stale = flaw(cached) if found else None
+    if found and stale is None:
+        print(f"build: the int8 query encoder from the compile cache ({cached})")
         shutil.copyfile(cached, out / PACKAGE_FILE)
     else:
+        if stale is not None:
+            print(f"build: the compile cache's {cached} {stale}: compiling")
         with tempfile.TemporaryDirectory() as tmp:  # written whole, then moved: a half-written package never loads
             with torch.inference_mode():
                 example = batch("retrieval", "a longer text, padded")
@@ -119,8 +118,9 @@ def _compile_into(spec: EncoderSpec, out: Path) -> dict:
                     exported, package_path=str(Path(tmp) / PACKAGE_FILE), inductor_configs=INDUCTOR_OPTIONS
                 )
             )
-            if not agrees(package):
-                raise ValueError(f"the compiled {spec.model} disagrees with the eager model")
+            reason = flaw(package)
+            if reason is not None:
+                raise ValueError(f"the compiled {spec.model} {reason}")
             if cached is not None:  # written whole, then renamed: a half-written package is never found
                 cached.parent.mkdir(parents=True, exist_ok=True)
                 partial = cached.with_name(f".{os.getpid()}.partial")

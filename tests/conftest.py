@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -26,8 +27,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
 def compile_cache(tmp_path_factory) -> Path:
     """The retriever's compile cache of this session (`RETRIEVER_COMPILE_CACHE`, inherited by the builds the
     tests start): empty at first, so that each session compiles, and never the user's."""
-    import os
-
     path = tmp_path_factory.mktemp("compile_cache")
     os.environ["RETRIEVER_COMPILE_CACHE"] = str(path)
     return path
