@@ -48,8 +48,8 @@ if [ ! -f "$stamp" ]; then
   # first step, 71 s compiled). A file that does not compile under this Python (torch ships a
   # 3.12-only test helper) is one that nothing here imports: compileall's status is not a failure.
   if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
-    python -m compileall -q -j 0 -x '/tests?/' "$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')" \
-      >>"$setup_log" 2>&1 || true
+    site_packages=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+    python -m compileall -q -j 0 -x 'site-packages/.*/tests?/' "$site_packages" >>"$setup_log" 2>&1 || true
   fi
   rm -f "$VENV"/.installed-*
   touch "$stamp"
