@@ -103,18 +103,28 @@ def retriever_server():
         process.stop()
 
 
-@pytest.fixture(scope="module")
-def transfer_queue():
-    """A real TransferQueue on a local Ray, as verl's V1 trainer uses it (Ray and TQ imported here only)."""
+@pytest.fixture(scope="session")
+def local_ray():
+    """One local Ray for the whole session, with one logical GPU for verl's workers. Never restarted:
+    after `ray.shutdown`, Ray's native threads can outlive the session they served, and a process that
+    started Ray several times ended the full suite in a segmentation fault at exit (ray-project/ray#31145)."""
     import ray
-    import transfer_queue as tq
 
     # Ray counts CPUs as slots; TransferQueue's controller and storage units need more than 2
-    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    ray.init(num_cpus=8, num_gpus=1, include_dashboard=False, log_to_driver=False)
+    yield ray
+    ray.shutdown()
+
+
+@pytest.fixture(scope="module")
+def transfer_queue(local_ray):
+    """A real TransferQueue on the local Ray, as verl's V1 trainer uses it (TransferQueue imported here only);
+    a fresh one for each module, so that no module sees another's partitions."""
+    import transfer_queue as tq
+
     tq.init()
     yield tq
     tq.close()
-    ray.shutdown()
 
 
 @pytest.fixture(scope="session")

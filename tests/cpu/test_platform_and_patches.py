@@ -133,13 +133,6 @@ def test_cpu_platform_and_patches_make_verls_own_calls_work():
     assert result["pinned"] is False
 
 
-@pytest.fixture(scope="module")
-def local_ray():
-    ray.init(num_cpus=6, num_gpus=1, include_dashboard=False, log_to_driver=False)
-    yield
-    ray.shutdown()
-
-
 def _transfer_queue_conf(storage_units: int):
     return OmegaConf.create(
         {"backend": {"storage_backend": "SimpleStorage", "SimpleStorage": {"num_data_storage_units": storage_units}}}
@@ -148,7 +141,7 @@ def _transfer_queue_conf(storage_units: int):
 
 def test_too_few_ray_cpus_is_a_clear_error(local_ray):
     # controller 1 + storage units + 3 per trainer worker x 1 logical GPU + 1 to place the other actors
-    with pytest.raises(RuntimeError, match=r"Ray has 6 logical CPUs but this run holds 13 .*num_cpus=13"):
+    with pytest.raises(RuntimeError, match=r"Ray has 8 logical CPUs but this run holds 13 .*num_cpus=13"):
         patches.require_ray_cpus(_transfer_queue_conf(storage_units=8))
     patches.require_ray_cpus(_transfer_queue_conf(storage_units=1))
 
