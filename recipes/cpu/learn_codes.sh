@@ -6,11 +6,11 @@
 # $MEMAGENT_CPU_CACHE/learn_codes/<key>. RL starts from the warm-started tiny model shipped in
 # memagent_examples/learn_codes/start (the same policy on every machine); START=build builds one here
 # instead (copy pretraining, then scripted MemSearcher demonstrations of other doors; cached too).
-# Then starts the retriever, scores the warm-started policy
-# with `verl-memagent eval` on the task's questions (greedy EM, and sampled EM over $EVAL_SAMPLES
-# samples), trains with verl's real trainer printing one line per step (reward, answered share,
-# searches per trajectory, seconds), scores the trained policy the same way and saves
-# reward_curve.png. The last line printed is one JSON object.
+# Then starts the retriever and verl's real trainer, and while the trainer starts scores the
+# warm-started policy with `verl-memagent eval` on the task's questions (greedy EM, and sampled EM over
+# $EVAL_SAMPLES samples); prints one line per training step (reward, answered share, searches per
+# trajectory, seconds), scores the trained policy the same way and saves reward_curve.png. The last
+# line printed is one JSON object.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -105,12 +105,11 @@ score_policy() { # NAME MODEL_DIR
   EVALS+=("${scored[@]}")
 }
 rm -rf "$WORK/eval" "$WORK/checkpoints"
-verl-memagent prepare --input "$BUILD/task/qa.jsonl" --agent memsearcher --out "$WORK/train.parquet" >/dev/null &
-PREPARING=$!  # the training data, written while the starting policy is scored
-score_policy before_rl "$POLICY"
-wait "$PREPARING"
+verl-memagent prepare --input "$BUILD/task/qa.jsonl" --agent memsearcher --out "$WORK/train.parquet" >/dev/null
 
-phase "reinforcement learning with verl's trainer: one line per step (details in $WORK/train.log)"
+# verl's trainer starts (Ray, its workers, the model: most of a minute, mostly on one core) while the
+# starting policy is scored beside it; the step lines follow once the score is printed
+phase "starting verl's trainer (details in $WORK/train.log)"
 : >"$WORK/metrics.jsonl"
 VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" python -m verl.trainer.main_ppo \
   --config-path="$HERE" --config-name=learn_codes \
@@ -123,10 +122,14 @@ VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" python -m verl.tra
   trainer.default_local_dir="$WORK/checkpoints" \
   "$@" >"$WORK/train.log" 2>&1 &
 TRAINER=$!
+score_policy before_rl "$POLICY"
+phase "reinforcement learning with verl's trainer: one line per step"
 tail -n +1 -F --pid="$TRAINER" "$WORK/metrics.jsonl" 2>/dev/null | python -m memagent_examples.learn_codes.reward_curve --follow
 wait "$TRAINER" || { tail -50 "$WORK/train.log" >&2; exit 1; }
-verl-memagent show "$WORK/checkpoints" --steps first,last --out "$WORK/trajectories.html" >/dev/null
-echo "trajectories of the first and last step: $WORK/trajectories.html"
+verl-memagent show "$WORK/checkpoints" --steps first,last --out "$WORK/trajectories.html" >/dev/null &
+SHOWING=$!  # the page of trajectories, written while the trained policy is scored
 
 score_policy after_rl "$WORK/checkpoints/global_step_$(cat "$WORK/checkpoints/latest_checkpointed_iteration.txt")/actor/huggingface"
+wait "$SHOWING"
+echo "trajectories of the first and last step: $WORK/trajectories.html"
 python -m memagent_examples.learn_codes.reward_curve "$WORK/metrics.jsonl" --png "$WORK/reward_curve.png" "${EVALS[@]}"
