@@ -29,9 +29,12 @@ case "${1:-}" in
   start)
     nnodes=${2:-2}
     mapfile -t resources < <(python -m verl_memagent.cpu.topology ray-start --n-gpus-per-node "$N_GPUS_PER_NODE")
-    # a small object store per node: verl moves batches through TransferQueue, not Ray's object store
+    # a small object store per node: verl moves batches through TransferQueue, not Ray's object store.
+    # Each node's dashboard agent on a port of its own (0: one the system picks): at Ray's fixed default
+    # (52365) it finds the port of any other Ray of this machine taken, and the dashboard then has no
+    # agent to hand `ray job submit` to ("No available agent to submit job").
     common=(--node-ip-address=127.0.0.1 --temp-dir="$RAY_CLUSTER_DIR" --object-store-memory=$((512 * 1024 * 1024))
-      --disable-usage-stats "${resources[@]}")
+      --dashboard-agent-listen-port=0 --disable-usage-stats "${resources[@]}")
     ray start --head --port="$RAY_PORT" --dashboard-host=127.0.0.1 --dashboard-port="$RAY_DASHBOARD_PORT" \
       --include-dashboard=true "${common[@]}" >/dev/null
     for _ in $(seq 2 "$nnodes"); do

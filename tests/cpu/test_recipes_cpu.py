@@ -116,9 +116,12 @@ def two_node_cluster():
 
 
 @pytest.fixture(scope="module")
-def memsearcher_gpu_script_run(tmp_path_factory, tiny_model_dir, retriever_server, bm25_index_dir, data_dir) -> dict:
+def memsearcher_gpu_script_run(
+    tmp_path_factory, local_ray, tiny_model_dir, retriever_server, bm25_index_dir, data_dir
+) -> dict:
     """The MemSearcher GPU script submitted to a two-node cluster (hf): its work dir, log and retriever.
-    The cluster lives for this run only, so that no other test's Ray can find it."""
+    The cluster lives for this run only, so that no other test's Ray can find it; the session's local
+    Ray runs beside it, as another Ray of the machine may (the cluster must not need its ports)."""
     work = tmp_path_factory.mktemp("memsearcher_hf")
     url = retriever_server(bm25_index_dir).url
     with two_node_cluster() as address:
