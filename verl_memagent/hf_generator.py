@@ -126,13 +126,22 @@ class HFGenerator:
         trust_remote_code: bool = False,
         **kwargs: Any,
     ) -> HFGenerator:
-        """Load model and tokenizer from a local directory; EOS ids from the generation config and tokenizer."""
+        """Load model and tokenizer from a local directory; EOS ids from the generation config and tokenizer.
+        Without transformers' progress bar per loaded tensor: the consoles that load this (eval, the `hf`
+        rollout server) show their own progress."""
         from transformers import AutoModelForCausalLM, AutoTokenizer
+        from transformers.utils import logging as transformers_logging
 
         tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust_remote_code)
-        model = AutoModelForCausalLM.from_pretrained(
-            path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
-        )
+        bar_was_on = transformers_logging.is_progress_bar_enabled()
+        transformers_logging.disable_progress_bar()
+        try:
+            model = AutoModelForCausalLM.from_pretrained(
+                path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
+            )
+        finally:
+            if bar_was_on:
+                transformers_logging.enable_progress_bar()
         eos = model.generation_config.eos_token_id
         eos_ids = set(eos if isinstance(eos, list) else [] if eos is None else [eos])
         if tokenizer.eos_token_id is not None:

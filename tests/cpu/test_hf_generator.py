@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import subprocess
+import sys
 
 import pytest
 import torch
@@ -176,3 +178,18 @@ async def test_bad_sampling_params_are_named(generator, prompts):
         await _one(generator, prompts[0], top_p=0.0)
     with pytest.raises(ValueError, match="image_data"):
         await generator.generate("r", prompt_ids=prompts[0], sampling_params={}, image_data=["x"])
+
+
+def test_loading_prints_nothing_and_leaves_the_progress_bar_as_it_was(tiny_model_dir):
+    """A scoring's console shows eval's own progress only: no transformers bar per loaded tensor; the
+    switch is transformers' global one, so it is put back (a fresh process: no earlier load in this
+    one has touched it)."""
+    load = (
+        "from transformers.utils import logging\n"
+        "from verl_memagent.hf_generator import HFGenerator\n"
+        f"HFGenerator.from_pretrained({str(tiny_model_dir)!r}, max_model_len=96, default_max_tokens=32)\n"
+        "assert logging.is_progress_bar_enabled()\n"
+    )
+    loaded = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
+    assert loaded.returncode == 0, loaded.stderr
+    assert loaded.stderr == ""

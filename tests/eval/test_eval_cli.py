@@ -7,8 +7,6 @@ tokenizer's on the recorded ids, and the sampled ids are the model's own greedy 
 
 from __future__ import annotations
 
-import subprocess
-import sys
 from statistics import fmean
 
 import pytest
@@ -139,17 +137,3 @@ def test_every_trajectory_is_recorded_with_the_training_schema(in_process):
         assert [turn.context_tokens for turn in record.turns] == line["turn_context_tokens"]
         if record.agent == "memsearcher":  # one context per turn: the action's context is the context's prompt
             assert [t.calls[0].context for t in record.turns] == [c["prompt_text"] for c in line["contexts"]]
-
-
-def test_loading_the_model_prints_nothing(tiny_model_dir):
-    """The console of a scoring shows eval's own progress only: no transformers bar per loaded tensor
-    (a fresh process, so that no earlier load in this one has turned the bar off)."""
-    load = (
-        "from types import SimpleNamespace\n"
-        "from verl_memagent.eval.cli import _in_process_generator\n"
-        f"_in_process_generator(SimpleNamespace(device='cpu', model={str(tiny_model_dir)!r}, prompt_length=64,"
-        " response_length=32, max_new_tokens=None))\n"
-    )
-    loaded = subprocess.run([sys.executable, "-c", load], capture_output=True, text=True, timeout=120)
-    assert loaded.returncode == 0, loaded.stderr
-    assert loaded.stderr == ""

@@ -218,13 +218,10 @@ def _model_type(path: str) -> str | None:
 
 
 def _in_process_generator(options: EvalOptions):
-    """The model to score, loaded without transformers' per-tensor progress bar (eval shows its own)."""
     import torch
-    from transformers.utils import logging as transformers_logging
 
     from verl_memagent.hf_generator import HFGenerator
 
-    transformers_logging.disable_progress_bar()
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32
     generator = HFGenerator.from_pretrained(
