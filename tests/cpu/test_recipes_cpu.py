@@ -30,6 +30,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
 import shutil
 import signal
 import socket
@@ -203,8 +204,8 @@ def test_the_merged_checkpoint_answers_as_the_runs_validation(memsearcher_gpu_sc
 
 
 def assert_trained_two_steps(work: Path, log: str, backend: str, estimator: str, ranks: int) -> None:
-    server = {"hf": "(HFServer pid=", "vllm": "(vLLMHttpServer pid="}[backend]
-    assert server in log  # the rollout ran in that backend's server actor
+    server = {"hf": r"\(HFServer pid=\d+[^)]*\)\S* hf rollout server 0: ", "vllm": r"\(vLLMHttpServer pid=\d+"}[backend]
+    assert re.search(server, log)  # the rollout ran in that backend's server actor
     checkpoint = work / "checkpoints" / "global_step_2"
     assert (work / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip() == "2"
     # FSDP2 sharded the actor (and the critic) over the ranks: one model shard per rank

@@ -62,14 +62,22 @@ class HFServer:
 
     def __init__(self, config: RolloutConfig, model_config: DictConfig, replica_rank: int) -> None:
         self.config = config
+        path = copy_to_local(model_config.path)
         self.generator = HFGenerator.from_pretrained(
-            copy_to_local(model_config.path),
+            path,
             max_model_len=config.max_model_len or config.prompt_length + config.response_length,
             default_max_tokens=config.response_length,
             dtype=PrecisionType.to_dtype(config.dtype),
             trust_remote_code=model_config.get("trust_remote_code", False),
             max_batch_size=config.max_num_seqs,
             seed=config.seed + replica_rank,
+        )
+        # One line on the driver's console (Ray prefixes it with the actor): which model each replica serves.
+        parameters = sum(p.numel() for p in self.generator.model.parameters())
+        print(
+            f"hf rollout server {replica_rank}: {path} ({parameters / 1e6:.1f}M parameters, {config.dtype}), "
+            f"up to {self.generator.max_batch_size} sequences of {self.generator.max_model_len} tokens",
+            flush=True,
         )
         self._admitting = asyncio.Event()  # cleared between abort_all_requests and resume_generation
         self._admitting.set()
