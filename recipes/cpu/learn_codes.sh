@@ -98,7 +98,9 @@ score_policy() { # NAME MODEL_DIR
   phase "scoring the policy $1: greedy, and $EVAL_SAMPLES samples of each question beside it"
   "${eval[@]}" --data "codes=$BUILD/task/qa.jsonl" --out "$WORK/eval/$1_greedy" >/dev/null &
   local greedy=$!  # one torch thread each: the two runs take a core each
-  heartbeat "scoring" "${eval[@]}" "${samples[@]}" --temperature 1 --out "$WORK/eval/$1_sampled" >/dev/null
+  # seeded draws (sampling_seed 0, whatever SEED): every run and machine scores a policy on the same samples
+  heartbeat "scoring" "${eval[@]}" "${samples[@]}" --temperature 1 --set sampling_seed=0 \
+    --out "$WORK/eval/$1_sampled" >/dev/null
   wait "$greedy"
   local scored=(--eval "$1_greedy=$WORK/eval/$1_greedy/summary.json" --eval "$1_sampled=$WORK/eval/$1_sampled/summary.json")
   python -m memagent_examples.learn_codes.reward_curve --print-em "${scored[@]}"

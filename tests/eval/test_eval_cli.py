@@ -11,7 +11,7 @@ from statistics import fmean
 
 import pytest
 import torch
-from eval_helpers import AGENTS, DATASETS, QUESTIONS_PER_DATASET
+from eval_helpers import AGENTS, DATASETS, QUESTIONS_PER_DATASET, read_outputs
 
 from verl_memagent.reward.scores import exact_match_score
 from verl_memagent.trajectories.files import read_records
@@ -137,3 +137,27 @@ def test_every_trajectory_is_recorded_with_the_training_schema(in_process):
         assert [turn.context_tokens for turn in record.turns] == line["turn_context_tokens"]
         if record.agent == "memsearcher":  # one context per turn: the action's context is the context's prompt
             assert [t.calls[0].context for t in record.turns] == [c["prompt_text"] for c in line["contexts"]]
+
+
+def test_a_seeded_sampled_eval_draws_the_same_samples_at_any_concurrency(
+    data_dir, eval_retriever_url, tiny_model_dir, tmp_path
+):
+    from verl_memagent.cli import main
+
+    questions = data_dir / DATASETS["multihop"]
+
+    def sampled(concurrency: int, *seed: str) -> dict:
+        out = tmp_path / f"{concurrency}{''.join(seed)}"
+        argv = ["eval", "--agent", "memsearcher", "--data", f"one={questions}", "--data", f"two={questions}"]
+        argv += ["--limit", "3", "--max-turns", "2", "--max-new-tokens", "16", "--temperature", "1", *seed]
+        argv += ["--retriever", eval_retriever_url, "--concurrency", str(concurrency), "--out", str(out)]
+        assert main([*argv, "--model", str(tiny_model_dir)]) == 0
+        _, examples = read_outputs(out)
+        return {(e["dataset"], e["id"]): [c["response_ids"] for c in e["contexts"]] for e in examples}
+
+    seeded = sampled(1, "--set", "sampling_seed=3")
+    assert sampled(6, "--set", "sampling_seed=3") == seeded  # one at a time or decoded together: the same samples
+    ids = {key for _, key in seeded}
+    assert len(ids) == 3 and all(seeded["one", key] != seeded["two", key] for key in ids)  # a repeat draws anew
+    assert sampled(1, "--set", "sampling_seed=4") != seeded
+    assert sampled(1) != sampled(6)  # unseeded, what a request draws depends on its batch

@@ -91,7 +91,9 @@ async def evaluate(
 
     async def run_one(agent: str, dataset: str, row: dict[str, Any]):
         async with slots:
-            kwargs = worker_kwargs(row, agent)
+            # the dataset's position stands for verl's session (which of a row's rollouts this is), so that
+            # the agents' `sampling_seed` draws otherwise for a question repeated under another dataset name
+            kwargs = {**worker_kwargs(row, agent), "session_id": list(datasets).index(dataset)}
             outputs = await build(agent).run(dict(sampling_params), **kwargs)
             example = example_record(agent, dataset, kwargs, outputs, tokenizer)
             return example, trajectory_record(example, outputs, tokenizer)
