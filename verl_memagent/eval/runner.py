@@ -89,16 +89,21 @@ async def evaluate(
     out_dir.mkdir(parents=True, exist_ok=True)
     slots = asyncio.Semaphore(concurrency)
 
-    async def run_one(agent: str, dataset: str, row: dict[str, Any]):
+    async def run_one(agent: str, dataset: str, session: int, row: dict[str, Any]):
         async with slots:
-            # the dataset's position stands for verl's session (which of a row's rollouts this is), so that
-            # the agents' `sampling_seed` draws otherwise for a question repeated under another dataset name
-            kwargs = {**worker_kwargs(row, agent), "session_id": list(datasets).index(dataset)}
+            kwargs = {**worker_kwargs(row, agent), "session_id": session}
             outputs = await build(agent).run(dict(sampling_params), **kwargs)
             example = example_record(agent, dataset, kwargs, outputs, tokenizer)
             return example, trajectory_record(example, outputs, tokenizer)
 
-    jobs = [run_one(agent, dataset, row) for agent in agents for dataset, rows in datasets.items() for row in rows]
+    # the dataset's position stands for verl's session (which of a row's rollouts this is), so that the
+    # agents' `sampling_seed` draws otherwise for a question repeated under another dataset name
+    jobs = [
+        run_one(agent, dataset, session, row)
+        for agent in agents
+        for session, (dataset, rows) in enumerate(datasets.items())
+        for row in rows
+    ]
     start = time.perf_counter()
     records, trajectories = [], []
     with (out_dir / EXAMPLES_FILE).open("w", encoding="utf-8") as lines, progress(len(jobs), "eval", "tasks") as bar:
