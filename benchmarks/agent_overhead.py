@@ -54,13 +54,13 @@ from verl.tools.tool_registry import load_all_tools  # noqa: E402
 from verl.workers.rollout.replica import TokenOutput  # noqa: E402
 
 from benchmarks.context_tokens import (  # noqa: E402
-    ModelFormat,
     check_trajectory,
     load_questions,
     queries_of,
     script,
     start_retriever,
 )
+from memagent_examples.model_format import ModelFormat  # noqa: E402
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_trainer_config  # noqa: E402
 from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402

@@ -47,13 +47,13 @@ from transfer_queue import KVBatchMeta  # noqa: E402
 from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ  # noqa: E402
 
 from benchmarks.context_tokens import (  # noqa: E402
-    ModelFormat,
     build_loop,
     check_trajectory,
     load_questions,
     script,
     start_retriever,
 )
+from memagent_examples.model_format import ModelFormat  # noqa: E402
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import verl_trainer_config  # noqa: E402
 from verl_memagent.algo.agent_metrics import agent_metrics  # noqa: E402

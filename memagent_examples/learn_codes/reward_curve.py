@@ -82,10 +82,33 @@ def follow(stream, quiet_s: float = 20.0) -> None:
             last_step, since = step["step"], time.monotonic()
 
 
-def eval_em(summary_json: Path) -> float:
-    """Overall EM of a `verl-memagent eval` summary.json holding one agent."""
+def eval_em(summary_json: Path, dataset: str | None = None) -> float:
+    """EM of a `verl-memagent eval` summary.json holding one agent: over all its datasets, or `dataset`'s."""
     (result,) = json.loads(summary_json.read_text())["agents"].values()
-    return result["overall"]["em"]
+    return (result["datasets"][dataset] if dataset else result["overall"])["em"]
+
+
+#: what each of the main job's scorings measures, by the end of its name (`before_rl_greedy`, ...)
+SCORED = {
+    "held_out_greedy": ("held-out doors", "greedy"),
+    "greedy": ("RL questions", "greedy"),
+    "sampled": ("RL questions", "sampled"),
+}
+
+
+def em_lines(em: dict[str, float]) -> list[str]:
+    """The console's EM lines, one per policy scored (the name's start, e.g. `before_rl`), each figure
+    labelled with the questions it scored: `EM before_rl | RL questions: greedy 0.625, sampled 0.391 | ...`."""
+    policies: dict[str, dict[str, list[str]]] = {}
+    for name, value in em.items():
+        end = next((end for end in SCORED if name.endswith("_" + end)), None)
+        policy, (questions, mode) = (name[: -len(end) - 1], SCORED[end]) if end else (name, ("", name))
+        policies.setdefault(policy, {}).setdefault(questions, []).append(f"{mode} {value:.3f}")
+    return [
+        f"EM {policy} | "
+        + " | ".join(f"{questions}: " * bool(questions) + ", ".join(m) for questions, m in groups.items())
+        for policy, groups in policies.items()
+    ]
 
 
 def summary(steps: list[dict], window: int) -> dict:
@@ -131,11 +154,14 @@ def save_png(steps: list[dict], png: Path, em: dict[str, float]) -> None:
     plt.close(fig)
 
 
-def named_path(text: str) -> tuple[str, Path]:
+def named_path(text: str) -> tuple[str, Path, str | None]:
     name, sep, path = text.partition("=")
     if not sep or not name:
-        raise argparse.ArgumentTypeError(f"--eval {text!r}: expected NAME=PATH, e.g. before_greedy=eval/summary.json")
-    return name, Path(path)
+        raise argparse.ArgumentTypeError(
+            f"--eval {text!r}: expected NAME=PATH[#DATASET], e.g. before_greedy=eval/summary.json#codes"
+        )
+    path, _, dataset = path.partition("#")
+    return name, Path(path), dataset or None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -145,18 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--print-em", action="store_true", help="print the EM of each --eval run, nothing else")
     parser.add_argument("--png", type=Path)
     parser.add_argument("--window", type=int, default=3, help="steps averaged for the first / last values")
-    parser.add_argument("--eval", type=named_path, action="append", default=[], help="NAME=summary.json; repeat")
+    parser.add_argument(
+        "--eval", type=named_path, action="append", default=[], help="NAME=summary.json[#DATASET]; repeat"
+    )
     args = parser.parse_args(argv)
     if args.follow:
         follow(sys.stdin)
         return 0
     if args.print_em:
-        print("EM " + ", ".join(f"{name} {eval_em(path):.3f}" for name, path in args.eval), flush=True)
+        print("\n".join(em_lines({name: eval_em(path, dataset) for name, path, dataset in args.eval})), flush=True)
         return 0
     if args.metrics is None or args.png is None:
         parser.error("metrics and --png are required unless --follow or --print-em")
     steps = read_steps(args.metrics)
-    em = {name: eval_em(path) for name, path in args.eval}
+    em = {name: eval_em(path, dataset) for name, path, dataset in args.eval}
     save_png(steps, args.png, em)
     print(f"reward curve: {args.png}")
     print(json.dumps({**summary(steps, args.window), **{f"em_{name}": value for name, value in em.items()}}))

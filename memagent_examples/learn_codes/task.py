@@ -97,21 +97,44 @@ def make_doors(
     return all_doors[:task_count], all_doors[task_count:]
 
 
+def held_out_doors(
+    words: list[str], doors: list[Door], stations: int = 12, gates: int = 8, seed: int = 0
+) -> list[Door]:
+    """`stations` x `gates` doors of station and gate words that none of `doors` uses, with their passwords:
+    questions whose door names the warm start and RL never saw. Drawn with a generator of their own, so
+    the task's and the demonstrations' doors stay what they were for the same seed."""
+    used = {word for door in doors for word in (door.station, door.gate, door.password)}
+    free = [word for word in words if word not in used]
+    if stations + gates > len(free):
+        raise ValueError(f"{len(free)} unused single-token words are too few for {stations + gates}")
+    rng = random.Random(f"held-out:{seed}")
+    chosen = rng.sample(free, stations + gates)
+    codes = sorted({door.password for door in doors})
+    return [Door(s, g, rng.choice(codes)) for s in chosen[:stations] for g in chosen[stations:]]
+
+
 def write_task(out: Path, tokenizer, seed: int = 0, base_corpus: Path | None = None, **sizes) -> dict[str, Path]:
     """Write `corpus.jsonl` (every door's passage, then `base_corpus`), the task's questions `qa.jsonl`
-    (FlashRAG format) and the demonstrations' doors `demos.jsonl`; `sizes` go to `make_doors`."""
+    and the held-out doors' `held_out.jsonl` (FlashRAG format; `held_out_doors`), and the demonstrations'
+    doors `demos.jsonl`; `sizes` go to `make_doors`."""
     out.mkdir(parents=True, exist_ok=True)
-    task, demos = make_doors(single_token_words(tokenizer), seed=seed, **sizes)
-    paths = {"corpus": out / "corpus.jsonl", "qa": out / "qa.jsonl", "demos": out / "demos.jsonl"}
+    words = single_token_words(tokenizer)
+    task, demos = make_doors(words, seed=seed, **sizes)
+    held_out = held_out_doors(words, task + demos, seed=seed)
+    paths = {name: out / f"{name}.jsonl" for name in ("corpus", "qa", "held_out", "demos")}
     with paths["corpus"].open("w", encoding="utf-8") as f:
         for i, door in enumerate(task + demos):
             f.write(json.dumps({"id": f"door-{i}", "contents": door.passage}) + "\n")
+        for i, door in enumerate(held_out):
+            f.write(json.dumps({"id": f"held-out-{i}", "contents": door.passage}) + "\n")
         if base_corpus is not None:
             f.write(base_corpus.read_text(encoding="utf-8"))
-    with paths["qa"].open("w", encoding="utf-8") as f:
-        for i, door in enumerate(task):
-            f.write(json.dumps({"id": f"door-{i}", "question": door.question, "golden_answers": [door.password]}))
-            f.write("\n")
+    for name, doors in (("qa", task), ("held_out", held_out)):
+        prefix = "door" if name == "qa" else "held-out"
+        with paths[name].open("w", encoding="utf-8") as f:
+            for i, door in enumerate(doors):
+                row = {"id": f"{prefix}-{i}", "question": door.question, "golden_answers": [door.password]}
+                f.write(json.dumps(row) + "\n")
     with paths["demos"].open("w", encoding="utf-8") as f:
         for door in demos:
             f.write(json.dumps(asdict(door)) + "\n")
@@ -233,7 +256,7 @@ def build_key(inputs: dict, files: list[Path]) -> str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m memagent_examples.learn_codes.task", description=__doc__)
     sub = parser.add_subparsers(dest="command", required=True)
-    task = sub.add_parser("task", help="write corpus.jsonl, qa.jsonl and demos.jsonl")
+    task = sub.add_parser("task", help="write corpus.jsonl, qa.jsonl, held_out.jsonl and demos.jsonl")
     task.add_argument("--out", type=Path, required=True)
     task.add_argument("--tokenizer", type=Path, required=True, help="tokenizer directory (words are its tokens)")
     task.add_argument("--stations", type=int, default=40)

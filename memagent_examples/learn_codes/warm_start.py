@@ -86,14 +86,14 @@ def copy_batch(generator: torch.Generator, vocab_size: int, batch_size: int = 32
     return input_ids, labels
 
 
-def labelled_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask=None) -> torch.Tensor:
+def labelled_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask=None, reduction="mean"):
     """The causal LM's mean next-token loss on the labelled positions, as `model(..., labels=labels).loss`,
     with the vocabulary projection computed only where a label is: most positions have none, and that
-    projection is most of a tiny model's cost."""
+    projection is most of a tiny model's cost. `reduction="sum"`: the sum over the labelled positions."""
     hidden = model.model(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state[:, :-1]
     targets = labels[:, 1:]
     keep = targets != IGNORE
-    return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]).float(), targets[keep])
+    return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]).float(), targets[keep], reduction=reduction)
 
 
 def adamw_steps(model, steps: int, lr: float, step_loss, desc: str, after_step=None) -> list[float]:
@@ -143,17 +143,21 @@ def supervised_steps(
     seed: int = 0,
     copy_rows: int = 0,
     after_step=None,
+    unpadded: bool = False,
 ):
     """AdamW steps of next-token loss on the labelled tokens; returns the loss of each step.
 
     `copy_rows` > 0 adds the loss of that many `copy_batch` rows to each step, so that the copying
-    formed by `copy_pretraining` is kept while the format is learned.
+    formed by `copy_pretraining` is kept while the format is learned. `unpadded`: the same loss (the
+    mean over the batch's labelled tokens) computed one sample at a time, without padding: with a
+    padding mask torch's CPU attention materialises every row's full score matrix, which made a batch
+    of ReAct trajectories of up to 3k tokens take 27 s a step (the main job's short contexts keep the
+    padded batch, whose floats its shipped start was built with).
     """
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed + 1)
 
-    def step_loss():
-        batch = rng.sample(samples, min(batch_size, len(samples)))
+    def padded_loss(batch):
         width = max(len(ids) for ids, _ in batch)
         input_ids = torch.full((len(batch), width), pad_token_id)
         labels = torch.full((len(batch), width), IGNORE)
@@ -162,7 +166,16 @@ def supervised_steps(
             input_ids[row, : len(ids)] = torch.tensor(ids)
             labels[row, : len(ids)] = torch.tensor(targets)
             attention_mask[row, : len(ids)] = 1
-        loss = labelled_loss(model, input_ids, labels, attention_mask)
+        return labelled_loss(model, input_ids, labels, attention_mask)
+
+    def unpadded_loss(batch):
+        labelled = sum(sum(target != IGNORE for target in targets[1:]) for _, targets in batch)
+        rows = [(torch.tensor([ids]), torch.tensor([targets])) for ids, targets in batch]
+        return sum(labelled_loss(model, ids, targets, reduction="sum") for ids, targets in rows) / labelled
+
+    def step_loss():
+        batch = rng.sample(samples, min(batch_size, len(samples)))
+        loss = unpadded_loss(batch) if unpadded else padded_loss(batch)
         if copy_rows:
             loss = loss + labelled_loss(model, *copy_batch(generator, model.config.vocab_size, copy_rows))
         return loss

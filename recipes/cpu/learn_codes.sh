@@ -8,9 +8,9 @@
 # instead (copy pretraining, then scripted MemSearcher demonstrations of other doors; cached too).
 # Then starts the retriever and verl's real trainer, and while the trainer starts scores the
 # warm-started policy with `verl-memagent eval` on the task's questions (greedy EM, and sampled EM over
-# $EVAL_SAMPLES samples); prints one line per training step (reward, answered share, searches per
-# trajectory, seconds), scores the trained policy the same way and saves reward_curve.png. The last
-# line printed is one JSON object.
+# $EVAL_SAMPLES samples) and on held-out doors it never trained on (greedy); prints one line per
+# training step (reward, answered share, searches per trajectory, seconds), scores the trained policy
+# the same way and saves reward_curve.png. The last line printed is one JSON object.
 set -euo pipefail
 
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -88,21 +88,26 @@ fi
 flock -u 9
 [ "$START" = build ] || phase "RL starts from the shipped warm start $SHIPPED (how it was built: its build.json)"
 
-# EM of a policy on the task's questions, greedy and sampled (the questions repeated as EVAL_SAMPLES datasets)
+# EM of a policy: on the task's questions (the RL questions), greedy and sampled (the questions repeated as
+# EVAL_SAMPLES datasets), and greedy on the held-out doors, whose station and gate words neither the warm
+# start nor RL saw (8 passwords: chance 0.125), scored in the greedy run
 EVALS=()
 score_policy() { # NAME MODEL_DIR
   local eval=(verl-memagent eval --agent memsearcher --model "$2" --tokenizer "$TOKENIZER" \
     --agent-loops "$AGENT_LOOPS" --retriever "$MEMAGENT_RETRIEVER_URL" --prompt-length 512 --response-length 320)  # learn_codes.yaml's
   local samples=()
   for i in $(seq "$EVAL_SAMPLES"); do samples+=(--data "sample$i=$BUILD/task/qa.jsonl"); done
-  phase "scoring the policy $1: greedy, and $EVAL_SAMPLES samples of each question beside it"
-  "${eval[@]}" --data "codes=$BUILD/task/qa.jsonl" --out "$WORK/eval/$1_greedy" >/dev/null &
+  phase "scoring the policy $1: the RL questions greedy and $EVAL_SAMPLES samples of each beside it, the held-out doors greedy"
+  "${eval[@]}" --data "codes=$BUILD/task/qa.jsonl" --data "held_out=$BUILD/task/held_out.jsonl" \
+    --out "$WORK/eval/$1_greedy" >/dev/null &
   local greedy=$!  # one torch thread each: the two runs take a core each
   # seeded draws (sampling_seed 0, whatever SEED): every run and machine scores a policy on the same samples
   heartbeat "scoring" "${eval[@]}" "${samples[@]}" --temperature 1 --set sampling_seed=0 \
     --out "$WORK/eval/$1_sampled" >/dev/null
   wait "$greedy"
-  local scored=(--eval "$1_greedy=$WORK/eval/$1_greedy/summary.json" --eval "$1_sampled=$WORK/eval/$1_sampled/summary.json")
+  local summary=$WORK/eval/$1_greedy/summary.json
+  local scored=(--eval "$1_greedy=$summary#codes" --eval "$1_sampled=$WORK/eval/$1_sampled/summary.json")
+  scored+=(--eval "$1_held_out_greedy=$summary#held_out")
   python -m memagent_examples.learn_codes.reward_curve --print-em "${scored[@]}"
   EVALS+=("${scored[@]}")
 }

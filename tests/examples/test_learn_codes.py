@@ -25,6 +25,7 @@ from memagent_examples.learn_codes.task import (
     build_key,
     demonstration,
     demonstration_samples,
+    held_out_doors,
     make_doors,
     single_token_words,
     warm_start,
@@ -74,6 +75,20 @@ def test_doors_split_the_grid_and_are_seeded():
         make_doors(words[:5])
 
 
+def test_held_out_doors_use_words_no_task_door_uses(tokenizer):
+    words = single_token_words(tokenizer)
+    task, demos = make_doors(words, seed=0)
+    held_out = held_out_doors(words, task + demos, seed=0)
+    assert held_out == held_out_doors(words, task + demos, seed=0) != held_out_doors(words, task + demos, seed=1)
+    assert (task, demos) == make_doors(words, seed=0)  # the task and its demonstrations stay what they were
+    trained = {w for door in task + demos for w in (door.station, door.gate)}
+    held_out_words = {w for door in held_out for w in (door.station, door.gate)}
+    assert len(held_out) == 96 and len(held_out_words) == 12 + 8 and not held_out_words & trained
+    assert {door.password for door in held_out} <= {door.password for door in task + demos}
+    with pytest.raises(ValueError, match="too few"):
+        held_out_doors(words, task + demos, stations=len(words), gates=1)
+
+
 def test_demonstration_is_a_valid_memsearcher_trajectory():
     door = Door("century", "born", "album")
     search, memory, answer = demonstration(door, "<|im_end|>")
@@ -98,8 +113,10 @@ def task(tmp_path_factory, retriever_server, tokenizer):
 def test_searching_a_door_finds_its_own_passage_first(task):
     paths, url = task
     questions = [json.loads(line) for line in paths["qa"].read_text().splitlines()]
+    held_out = [json.loads(line) for line in paths["held_out"].read_text().splitlines()]
     demos = [Door(**json.loads(line)) for line in paths["demos"].read_text().splitlines()]
-    assert len(questions) == 16 and len(demos) == 40 * 40 - 16
+    assert len(questions) == 16 and len(held_out) == 96 and len(demos) == 40 * 40 - 16
+    questions += held_out
     searches = [parse_tool_call_action(demonstration(d, "")[0], "wikipedia_search").query for d in demos]
     queries = [q["question"] for q in questions] + searches
 
@@ -283,7 +300,7 @@ def test_reward_curve_summary_png_and_json(tmp_path, capsys):
         evals[name] = tmp_path / name / "summary.json"
     eval_args = [f"--eval={name}={path}" for name, path in evals.items()]
     assert reward_curve_main(["--print-em", *eval_args]) == 0
-    assert capsys.readouterr().out == "EM before_greedy 0.250, after_greedy 0.500\n"
+    assert capsys.readouterr().out == "EM before | RL questions: greedy 0.250\nEM after | RL questions: greedy 0.500\n"
     args = [str(metrics), "--png", str(tmp_path / "curve.png"), "--window", "2"]
     assert reward_curve_main([*args, *eval_args]) == 0
     last = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

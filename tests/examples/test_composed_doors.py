@@ -1,0 +1,132 @@
+"""`memagent_examples.composed_doors`: the composed password task, its door sets and each agent's demonstrations."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import subprocess
+from pathlib import Path
+
+import pytest
+from retriever_process import build_command
+
+from memagent_examples.composed_doors import (
+    DEMO_OBJECTIVES,
+    PASSAGE_WORDS,
+    PROMPT_LENGTH,
+    RESPONSE_LENGTH,
+    SETS,
+    agent_format,
+    composed_texts,
+    demonstration_scripts,
+    make_door_sets,
+    read_door_sets,
+    write_door_sets,
+)
+from memagent_examples.scripted import ScriptedPolicy
+from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config
+from verl_memagent.data.compose import TASK_PREFIX
+from verl_memagent.output_fields import FinishReason, OutputField
+from verl_memagent.reward.scores import multi_objective_em
+
+REPO = Path(__file__).resolve().parents[2]
+AGENT_LOOPS = REPO / "recipes" / "cpu" / "composed_doors_agent_loops.yaml"
+WORDS = [f"w{i:02d}" for i in range(40)]
+
+
+def names(doors) -> set[tuple[str, str]]:
+    return {(door.station, door.gate) for door in doors}
+
+
+def test_door_sets_are_disjoint_and_held_out_pairs_are_of_known_words():
+    sets = make_door_sets(WORDS, stations=6, gates=5, passwords=4, rl=6, held_out=6, unseen_stations=3, unseen_gates=2)
+    assert [len(sets.of(name)) for name in SETS] == [18, 6, 6, 6]
+    for i, first in enumerate(SETS):
+        for second in SETS[i + 1 :]:
+            assert not names(sets.of(first)) & names(sets.of(second)), (first, second)
+    trained = sets.trained_words()
+    assert {w for door in sets.held_out for w in (door.station, door.gate)} <= trained
+    assert not {w for door in sets.unseen for w in (door.station, door.gate)} & trained
+    passwords = {door.password for name in SETS for door in sets.of(name)}
+    assert len(passwords) <= 4 and not passwords & (trained | {w for d in sets.unseen for w in (d.station, d.gate)})
+
+
+def test_door_sets_are_seeded():
+    sizes = {"stations": 6, "gates": 5, "passwords": 4, "rl": 6, "held_out": 6, "unseen_stations": 3, "unseen_gates": 2}
+    assert make_door_sets(WORDS, seed=1, **sizes) == make_door_sets(WORDS, seed=1, **sizes)
+    assert make_door_sets(WORDS, seed=1, **sizes) != make_door_sets(WORDS, seed=2, **sizes)
+    with pytest.raises(ValueError, match="too few"):
+        make_door_sets(WORDS[:10], **sizes)
+    with pytest.raises(ValueError, match="no demonstration doors"):
+        make_door_sets(WORDS, **{**sizes, "rl": 20, "held_out": 10})
+
+
+@pytest.fixture(scope="module")
+def task(tmp_path_factory, retriever_server, tokenizer):
+    """The task as the sweep writes it (the tiny tokenizer's words, the bundled corpus), served by BM25."""
+    out = tmp_path_factory.mktemp("composed_doors")
+    sets = write_door_sets(out / "task", tokenizer, REPO / "data" / "corpus.jsonl", seed=0)
+    subprocess.run(build_command("bm25", out / "task" / "corpus.jsonl", out / "bm25"), check=True, cwd=REPO)
+    return out / "task", sets, retriever_server(out / "bm25").url
+
+
+def test_written_task_states_each_password_in_one_long_passage(task, tokenizer):
+    task_dir, sets, _ = task
+    assert read_door_sets(task_dir) == sets
+    passages = {}
+    for line in (task_dir / "corpus.jsonl").read_text().splitlines():
+        row = json.loads(line)
+        passages.setdefault(row["id"], row["contents"])
+    for name in SETS:
+        rows = [json.loads(line) for line in (task_dir / f"{name}.jsonl").read_text().splitlines()]
+        assert len(rows) == len(sets.of(name))
+        for row, door in zip(rows, sets.of(name), strict=True):
+            assert (row["question"], row["golden_answers"]) == (door.question, [door.password])
+            passage = passages[row["id"]]
+            assert passage.startswith(f'"station {door.station} gate {door.gate}"\n') and door.statement in passage
+            words = len(passage.split("\n", 1)[1].split()) - len(door.statement.split())
+            assert PASSAGE_WORDS - 10 <= words <= PASSAGE_WORDS
+    statements = [json.loads(line)["contents"] for line in (task_dir / "corpus.jsonl").read_text().splitlines()]
+    for door in sets.held_out[:20]:  # the statement of each door is in its own passage only
+        assert sum(door.statement in text for text in statements) == 1
+
+
+async def play(agent, texts, question, tokenizer, url):
+    config = verl_trainer_config(prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH)
+    policy = ScriptedPolicy(tokenizer, texts)
+    loop = instantiate_agent_loop(agent, config, policy, tokenizer, "qwen2", path=AGENT_LOOPS, retriever_urls=url)
+    row = {"raw_prompt": [{"role": "user", "content": question}], "extra_info": {"question": question}}
+    outputs = await loop.run({"temperature": 1.0, "logprobs": False}, **row)
+    return outputs if isinstance(outputs, list) else [outputs], policy
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "mem1", "react"])
+def test_composed_task_through_each_agent_loop_and_reward(task, tokenizer, agent):
+    """A held-out two-door question played in the agent's own format through its real loop and the real
+    retriever scores 2 under MEM1's sum-EM reward; one wrong password scores 1."""
+    _, sets, url = task
+    model = agent_format(agent, tokenizer, "qwen2", str(AGENT_LOOPS), url)
+    doors = sets.held_out[:2]
+    question = TASK_PREFIX + "; ".join(door.question for door in doors)
+    truth = [[door.password] for door in doors]
+    outputs, policy = asyncio.run(play(agent, composed_texts(model, doors), question, tokenizer, url))
+    final = outputs[-1].extra_fields
+    assert final[OutputField.FINISH_REASON] == FinishReason.ANSWER and len(policy.calls) == len(policy.texts)
+    seen = tokenizer.decode(policy.calls[-1]["prompt_ids"])
+    assert all(door.statement in seen for door in doors)  # memory, state or history carries both passwords
+    assert multi_objective_em("composed", "", truth, final)["score"] == 2.0
+    wrong = [*composed_texts(model, doors)[:-1], composed_texts(model, [doors[0], sets.held_out[5]])[-1]]
+    if doors[1].password != sets.held_out[5].password:
+        outputs, _ = asyncio.run(play(agent, wrong, question, tokenizer, url))
+        assert multi_objective_em("composed", "", truth, outputs[-1].extra_fields)["score"] == 1.0
+
+
+def test_demonstrations_cover_each_objective_count_in_the_agents_format(task, tokenizer):
+    _, sets, url = task
+    model = agent_format("mem1", tokenizer, "qwen2", str(AGENT_LOOPS), url)
+    scripts = demonstration_scripts(model, sets.demos, tasks_per_objective=3, seed=0)
+    assert len(scripts) == 3 * len(DEMO_OBJECTIVES)
+    for (question, texts), k in zip(scripts, [k for k in DEMO_OBJECTIVES for _ in range(3)], strict=True):
+        assert question.startswith(TASK_PREFIX) and question.count("What is the password") == k
+        assert len(texts) == k + 1 and all("<search>" in text for text in texts[:-1]) and "<answer>" in texts[-1]
+    assert scripts == demonstration_scripts(model, sets.demos, tasks_per_objective=3, seed=0)
