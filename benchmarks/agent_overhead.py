@@ -63,7 +63,7 @@ from benchmarks.context_tokens import (  # noqa: E402
 )
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_trainer_config  # noqa: E402
-from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
+from verl_memagent.agent.settings import AgentSettings, PromptStyle  # noqa: E402
 from verl_memagent.agent.tool_calls import search_tool_schema  # noqa: E402
 from verl_memagent.search import RetrieverClient, format_documents  # noqa: E402
 
@@ -258,7 +258,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--turns", type=int, default=5, help="turns per trajectory: turns-1 searches, then the answer")
     parser.add_argument("--topk", type=int, default=3, help="documents per search")
     parser.add_argument(
-        "--prompt-style", choices=PROMPT_STYLES, default=AgentSettings.prompt_style, help="the agents' format"
+        "--prompt-style",
+        choices=[style.value for style in PromptStyle],
+        default=AgentSettings.prompt_style,
+        help="the agents' format",
     )
     parser.add_argument("--repeats", type=int, default=3, help="passes over all trajectories; the median counts")
     parser.add_argument(

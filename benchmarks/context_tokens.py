@@ -38,7 +38,7 @@ from retriever_process import ServerProcess, build_command, serve_command  # noq
 
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
-from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
+from verl_memagent.agent.settings import AgentSettings, PromptStyle  # noqa: E402
 from verl_memagent.agent.tool_calls import ToolCallAgentLoop  # noqa: E402
 from verl_memagent.grammar import enclosed  # noqa: E402
 from verl_memagent.output_fields import FinishReason, OutputField  # noqa: E402
@@ -269,7 +269,10 @@ def main(argv: list[str] | None = None) -> dict:
         "--topk", type=int, default=3, help="documents per search (released: Search-R1 and MEM1 3, MemSearcher 10)"
     )
     parser.add_argument(
-        "--prompt-style", choices=PROMPT_STYLES, default=AgentSettings.prompt_style, help="the agents' format"
+        "--prompt-style",
+        choices=[style.value for style in PromptStyle],
+        default=AgentSettings.prompt_style,
+        help="the agents' format",
     )
     parser.add_argument("--tokenizer", help="tokenizer directory with a chat template (default: the tiny BPE)")
     parser.add_argument("--plot", help="PNG path (default: a temporary directory)")
