@@ -64,3 +64,42 @@ def test_no_module_compares_a_choice_as_a_string_literal():
         if path != SETTINGS and (literals := choice_literals(path.read_text(encoding="utf-8")))
     }
     assert found == {}, f"compare with the enums of agent/settings.py instead: {found}"
+
+
+#: where `/health` is asked: the one probe
+PROBE = REPO / "verl_memagent" / "search" / "endpoint.py"
+
+
+def health_requests(path: Path) -> list[str]:
+    """`line: text` of every request for `/health` in a Python or shell source: a string literal (or an
+    f-string's piece) that is a URL or path ending in `/health`; a mention in a message or comment is not."""
+    text = path.read_text(encoding="utf-8")
+    if path.suffix == ".sh":
+        code = ((number, line.split("#")[0]) for number, line in enumerate(text.splitlines(), start=1))
+        return [f"{number}: {line.strip()}" for number, line in code if "/health" in line]
+    return [
+        f"{node.lineno}: {node.value!r}"
+        for node in ast.walk(ast.parse(text))
+        if isinstance(node, ast.Constant)
+        and isinstance(node.value, str)
+        and node.value.endswith("/health")
+        and " " not in node.value
+    ]
+
+
+def test_the_finder_sees_a_health_request_and_not_a_mention(tmp_path):
+    python, shell = tmp_path / "a.py", tmp_path / "a.sh"
+    python.write_text('u = f"{url}/health"\nv = base + "/health"\nmessage = "it does not answer /health: start it"\n')
+    shell.write_text('# waits until /health answers\ncurl "$URL/health"\n')
+    assert health_requests(python) == ["1: '/health'", "2: '/health'"]
+    assert health_requests(shell) == ['2: curl "$URL/health"']
+
+
+def test_one_health_probe():
+    sources = [*(REPO / "verl_memagent").rglob("*.py"), *(REPO / "recipes").rglob("*.sh"), *REPO.glob("scripts/*")]
+    found = {
+        str(path.relative_to(REPO)): requests
+        for path in sorted(sources)
+        if path != PROBE and path.suffix in (".py", ".sh") and (requests := health_requests(path))
+    }
+    assert found == {}, f"ask verl_memagent.search.endpoint (retriever_health, or its command) instead: {found}"

@@ -21,6 +21,7 @@ import jinja2
 from omegaconf import OmegaConf
 
 from verl_memagent.config_sections import require_choice, typed_section
+from verl_memagent.search.endpoint import DEFAULT_RETRIEVER_URL, split_urls
 
 PROMPTS_YAML = Path(__file__).with_name("prompts.yaml")
 
@@ -102,7 +103,7 @@ class AgentSettings:
         prompt is always the question + the last turn (the method's context).
     """
 
-    retriever_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    retriever_urls: list[str] = field(default_factory=lambda: [DEFAULT_RETRIEVER_URL])
     retriever_timeout_s: float = 30.0
     retriever_max_retries: int = 3
     retriever_backoff_s: float = 0.5
@@ -138,10 +139,13 @@ class AgentSettings:
 
 def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str, Any]) -> AgentSettings:
     """YAML overrides (plain or OmegaConf values) over the defaults, each of its field's type
-    (`config_sections.typed_section`); `retriever_urls` may be one comma-separated string."""
+    (`config_sections.typed_section`); `retriever_urls` may be one comma-separated string, and null is
+    the default (the shipped YAML's `${oc.env:MEMAGENT_RETRIEVER_URL,null}` when the variable is unset)."""
     plain = OmegaConf.to_container(OmegaConf.create(dict(overrides)), resolve=True)
     if isinstance(plain.get("retriever_urls"), str):
-        plain["retriever_urls"] = [url.strip() for url in plain["retriever_urls"].split(",") if url.strip()]
+        plain["retriever_urls"] = split_urls(plain["retriever_urls"])
+    elif "retriever_urls" in plain and plain["retriever_urls"] is None:
+        del plain["retriever_urls"]
     merged = typed_section(f"{agent} agent settings", plain, AgentSettings)
     merged.tags = {**default_tags, **merged.tags}
     merged.prompts = {**default_prompts(agent, merged.prompt_style), **merged.prompts}
