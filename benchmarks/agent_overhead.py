@@ -62,7 +62,7 @@ from benchmarks.context_tokens import (  # noqa: E402
     start_retriever,
 )
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
-from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_trainer_config  # noqa: E402
+from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_sampling_params, verl_trainer_config  # noqa: E402
 from verl_memagent.agent.settings import AgentSettings, PromptStyle  # noqa: E402
 from verl_memagent.agent.tool_calls import search_tool_schema  # noqa: E402
 from verl_memagent.search import RetrieverClient, format_documents  # noqa: E402
@@ -70,7 +70,6 @@ from verl_memagent.search import RetrieverClient, format_documents  # noqa: E402
 AGENTS = ("memsearcher", "mem1", "react")
 VERL_LOOP = "tool_agent"
 TOOL_NAME = "wikipedia_search"
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 CONTEXT_CAP = 32768
 
 
@@ -172,7 +171,7 @@ def row_of(messages: list[dict], question: str) -> dict:
 async def record(bench: Bench, name: str, texts: list[str], row: dict) -> list[TokenOutput]:
     """Play `texts` once through the loop, cut where a server would cut them: the outputs to replay."""
     policy = ScriptedPolicy(bench.tokenizer, texts)
-    outputs = await bench.build(name, policy).run(dict(SAMPLING), **row)
+    outputs = await bench.build(name, policy).run(verl_sampling_params(), **row)
     if name in AGENTS:
         check_trajectory(name, outputs if isinstance(outputs, list) else [outputs], policy, bench.turns)
     elif len(policy.calls) != len(texts):
@@ -199,7 +198,7 @@ async def run_cpu(bench: Bench, name: str, workload: list[tuple[list[TokenOutput
         start = time.process_time()
         loop = bench.build(name, policy)
         built = time.process_time()
-        await loop.run(dict(SAMPLING), **row)
+        await loop.run(verl_sampling_params(), **row)
         build += built - start
         run += time.process_time() - built
         if policy.calls != len(outputs):

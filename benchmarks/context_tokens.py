@@ -37,7 +37,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers 
 from retriever_process import ServerProcess, build_command, serve_command  # noqa: E402
 
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
-from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
+from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params, verl_trainer_config  # noqa: E402
 from verl_memagent.agent.settings import AgentSettings, PromptStyle  # noqa: E402
 from verl_memagent.agent.tool_calls import ToolCallAgentLoop  # noqa: E402
 from verl_memagent.grammar import enclosed  # noqa: E402
@@ -197,9 +197,8 @@ def build_loop(agent, config, policy, tokenizer, hf_model_type, settings: dict):
 async def run_trajectory(agent, model, question, passages, turns, config, tokenizer, hf_model_type, settings) -> dict:
     policy = ScriptedPolicy(tokenizer, script(model, question, passages, turns))
     loop = build_loop(agent, config, policy, tokenizer, hf_model_type, {**settings, "max_turns": turns})
-    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     row = {"raw_prompt": [{"role": "user", "content": question["question"]}], "extra_info": {}}
-    outputs = await loop.run(sampling, **row)
+    outputs = await loop.run(verl_sampling_params(), **row)
     outputs = outputs if isinstance(outputs, list) else [outputs]
     check_trajectory(agent, outputs, policy, turns)
     per_turn = turn_contexts(agent, policy.calls, turns)
