@@ -62,15 +62,14 @@ from benchmarks.context_tokens import (  # noqa: E402
 )
 from memagent_examples.model_format import ModelFormat  # noqa: E402
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
-from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_trainer_config  # noqa: E402
-from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
+from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_sampling_params, verl_trainer_config  # noqa: E402
+from verl_memagent.agent.settings import AgentSettings, PromptStyle  # noqa: E402
 from verl_memagent.agent.tool_calls import search_tool_schema  # noqa: E402
 from verl_memagent.search import RetrieverClient, format_documents  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
 VERL_LOOP = "tool_agent"
 TOOL_NAME = "wikipedia_search"
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 CONTEXT_CAP = 32768
 
 
@@ -172,7 +171,7 @@ def row_of(messages: list[dict], question: str) -> dict:
 async def record(bench: Bench, name: str, texts: list[str], row: dict) -> list[TokenOutput]:
     """Play `texts` once through the loop, cut where a server would cut them: the outputs to replay."""
     policy = ScriptedPolicy(bench.tokenizer, texts)
-    outputs = await bench.build(name, policy).run(dict(SAMPLING), **row)
+    outputs = await bench.build(name, policy).run(verl_sampling_params(), **row)
     if name in AGENTS:
         check_trajectory(name, outputs if isinstance(outputs, list) else [outputs], policy, bench.turns)
     elif len(policy.calls) != len(texts):
@@ -199,7 +198,7 @@ async def run_cpu(bench: Bench, name: str, workload: list[tuple[list[TokenOutput
         start = time.process_time()
         loop = bench.build(name, policy)
         built = time.process_time()
-        await loop.run(dict(SAMPLING), **row)
+        await loop.run(verl_sampling_params(), **row)
         build += built - start
         run += time.process_time() - built
         if policy.calls != len(outputs):
@@ -258,7 +257,10 @@ def main(argv: list[str] | None = None) -> dict:
     parser.add_argument("--turns", type=int, default=5, help="turns per trajectory: turns-1 searches, then the answer")
     parser.add_argument("--topk", type=int, default=3, help="documents per search")
     parser.add_argument(
-        "--prompt-style", choices=PROMPT_STYLES, default=AgentSettings.prompt_style, help="the agents' format"
+        "--prompt-style",
+        choices=[style.value for style in PromptStyle],
+        default=AgentSettings.prompt_style,
+        help="the agents' format",
     )
     parser.add_argument("--repeats", type=int, default=3, help="passes over all trajectories; the median counts")
     parser.add_argument(

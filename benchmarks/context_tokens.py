@@ -37,8 +37,8 @@ from retriever_process import ServerProcess, build_command, serve_command  # noq
 
 from memagent_examples.model_format import ModelFormat  # noqa: E402
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
-from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config  # noqa: E402
-from verl_memagent.agent.settings import PROMPT_STYLES, AgentSettings  # noqa: E402
+from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params, verl_trainer_config  # noqa: E402
+from verl_memagent.agent.settings import AgentSettings, PromptStyle  # noqa: E402
 from verl_memagent.output_fields import FinishReason, OutputField  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
@@ -143,9 +143,8 @@ def build_loop(agent, config, policy, tokenizer, hf_model_type, settings: dict):
 async def run_trajectory(agent, model, question, passages, turns, config, tokenizer, hf_model_type, settings) -> dict:
     policy = ScriptedPolicy(tokenizer, script(model, question, passages, turns))
     loop = build_loop(agent, config, policy, tokenizer, hf_model_type, {**settings, "max_turns": turns})
-    sampling = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
     row = {"raw_prompt": [{"role": "user", "content": question["question"]}], "extra_info": {}}
-    outputs = await loop.run(sampling, **row)
+    outputs = await loop.run(verl_sampling_params(), **row)
     outputs = outputs if isinstance(outputs, list) else [outputs]
     check_trajectory(agent, outputs, policy, turns)
     per_turn = turn_contexts(agent, policy.calls, turns)
@@ -215,7 +214,10 @@ def main(argv: list[str] | None = None) -> dict:
         "--topk", type=int, default=3, help="documents per search (released: Search-R1 and MEM1 3, MemSearcher 10)"
     )
     parser.add_argument(
-        "--prompt-style", choices=PROMPT_STYLES, default=AgentSettings.prompt_style, help="the agents' format"
+        "--prompt-style",
+        choices=[style.value for style in PromptStyle],
+        default=AgentSettings.prompt_style,
+        help="the agents' format",
     )
     parser.add_argument("--tokenizer", help="tokenizer directory with a chat template (default: the tiny BPE)")
     parser.add_argument("--plot", help="PNG path (default: a temporary directory)")

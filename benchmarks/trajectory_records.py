@@ -55,14 +55,13 @@ from benchmarks.context_tokens import (  # noqa: E402
 )
 from memagent_examples.model_format import ModelFormat  # noqa: E402
 from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
-from verl_memagent.agent import verl_trainer_config  # noqa: E402
+from verl_memagent.agent import verl_sampling_params, verl_trainer_config  # noqa: E402
 from verl_memagent.algo.agent_metrics import agent_metrics  # noqa: E402
 from verl_memagent.algo.trainer import MultiContextTrainerSync  # noqa: E402
 from verl_memagent.algo.trajectory_records import TrajectoryRecorder, TrajectoryRecordsConfig  # noqa: E402
 from verl_memagent.output_fields import OutputField  # noqa: E402
 from verl_memagent.trajectories.files import read_records, records_path, write_records  # noqa: E402
 
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 ADDED_FIELDS = ("turn_log", "question")
 
 
@@ -76,7 +75,7 @@ async def play(questions, passages, turns: int, tokenizer, url: str) -> list[tup
         policy = ScriptedPolicy(tokenizer, script(model, question, passages, turns))
         loop = build_loop("memsearcher", config, policy, tokenizer, "qwen2", settings)
         row = {"raw_prompt": [{"role": "user", "content": question["question"]}], "extra_info": {}}
-        outputs = await loop.run(dict(SAMPLING), **row)
+        outputs = await loop.run(verl_sampling_params(), **row)
         check_trajectory("memsearcher", outputs, policy, turns)
         played.append((question, outputs))
     return played

@@ -2,9 +2,9 @@
 
 Tests, benchmarks and scripts start servers the same way: the command gets `--port-file FILE`
 (with `--port 0` the server binds a free port and writes it there), and the server counts as up
-once `GET /health` answers 200. The child's stderr goes to a log file that start-up errors quote; its
-folder is removed when the Python process that started the server exits (the log stays readable after
-`stop()`).
+once `GET /health` answers (`verl_memagent.search.endpoint`'s probe). The child's stderr goes to a log
+file that start-up errors quote; its folder is removed when the Python process that started the server
+exits (the log stays readable after `stop()`).
 """
 
 from __future__ import annotations
@@ -17,9 +17,9 @@ import subprocess
 import sys
 import tempfile
 import time
-import urllib.error
-import urllib.request
 from pathlib import Path
+
+from verl_memagent.search.endpoint import RetrieverUnavailable, retriever_health
 
 
 def build_command(kind: str, corpus: str | os.PathLike, out: str | os.PathLike, *args: str) -> list[str]:
@@ -70,7 +70,7 @@ class ServerProcess:
             self.wait_ready(timeout_s)
 
     def wait_ready(self, timeout_s: float = 180.0, every_s: float = 0.2) -> float:
-        """Wait until `/health` answers 200; the seconds since the process was started."""
+        """Wait until `/health` answers; the seconds since the process was started."""
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
@@ -85,10 +85,10 @@ class ServerProcess:
 
     def _healthy(self) -> bool:
         try:
-            with urllib.request.urlopen(f"{self.url}/health", timeout=5) as response:
-                return response.status == 200
-        except (urllib.error.URLError, OSError):
+            retriever_health(self.url)
+        except RetrieverUnavailable:
             return False
+        return True
 
     def search_pids(self) -> list[int]:
         """The server's search processes (its children but multiprocessing's resource tracker)."""

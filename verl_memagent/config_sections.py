@@ -9,6 +9,7 @@ import types
 import typing
 from collections.abc import Collection, Iterable, Mapping
 from dataclasses import fields
+from enum import Enum
 from functools import cache
 from typing import Any, TypeVar
 
@@ -30,8 +31,10 @@ def reject_unknown_keys(where: str, given: Iterable[str], schema: type) -> None:
         raise ValueError(f"{where}: unknown keys {unknown}; known keys: {sorted(known)}")
 
 
-def require_choice(where: str, value: object, choices: Collection) -> None:
-    """A ValueError unless `value` is one of `choices`."""
+def require_choice(where: str, value: object, choices: Collection | type[Enum]) -> None:
+    """A ValueError unless `value` is one of `choices` (a `str` enum: one of its values)."""
+    if isinstance(choices, type) and issubclass(choices, Enum):
+        choices = [choice.value for choice in choices]
     if value not in choices:
         raise ValueError(f"{where}: expected one of {list(choices)}, got {value!r}")
 

@@ -8,13 +8,12 @@ from __future__ import annotations
 
 import importlib
 import importlib.metadata
-import json
 import platform
 import sys
 import traceback
-import urllib.error
-import urllib.request
 from dataclasses import dataclass, field
+
+from verl_memagent.search.endpoint import RetrieverUnavailable, retriever_health
 
 PLUGIN_MODULE = "verl_memagent.plugin"
 
@@ -222,14 +221,12 @@ def check_vllm_plugin(report: Report, cpu_path: bool) -> None:
 
 
 def check_retriever(report: Report, url: str, timeout: float = 5.0) -> None:
-    """Whether the retriever at `url` answers `/health`, and what it says."""
-    health = url.rstrip("/") + "/health"
+    """Whether the retriever at `url` answers `/health` (`search.endpoint`'s rule), and what it says."""
     try:
-        with urllib.request.urlopen(health, timeout=timeout) as response:
-            body = json.loads(response.read() or b"{}")
-        report.add("retriever", f"{health} answers {body}")
-    except (urllib.error.URLError, OSError, ValueError) as e:
-        report.add("retriever", f"{health} FAILED ({e})")
+        body = retriever_health(url, timeout)
+        report.add("retriever", f"{url.rstrip('/')}/health answers {body}")
+    except RetrieverUnavailable as e:
+        report.add("retriever", f"FAILED ({e})")
         report.fail(f"retriever at {url} does not answer /health: start it or fix --retriever")
 
 

@@ -28,20 +28,11 @@ require_files() {
   done
 }
 
-# Every comma-separated retriever URL must answer GET /health with status ready.
+# Every comma-separated retriever URL must answer GET /health: verl_memagent/search/endpoint.py's probe
+# and rule (ready, or degraded while a search process restarts), which prints the URLs that do not.
 require_retriever() {
-  local url urls
-  IFS=',' read -r -a urls <<<"$1"
-  for url in "${urls[@]}"; do
-    "$PYTHON" - "$url" <<'PY' || die "retriever at $url is not healthy: start it (recipes/retriever/serve.sh) or set MEMAGENT_RETRIEVER_URL"
-import json, sys, urllib.request
-try:
-    with urllib.request.urlopen(sys.argv[1].rstrip("/") + "/health", timeout=5) as r:
-        sys.exit(0 if json.load(r).get("status") == "ready" else 1)
-except Exception:
-    sys.exit(1)
-PY
-  done
+  "$PYTHON" -m verl_memagent.search.endpoint "$1" ||
+    die "a retriever does not answer: start it (recipes/retriever/serve.sh) or set MEMAGENT_RETRIEVER_URL"
 }
 
 # A path that exists here, made absolute: a submitted job does not run in this directory.
@@ -60,7 +51,8 @@ launch_main_ppo() {
   : "${MODEL_PATH:?set MODEL_PATH}" "${DATA_DIR:?set DATA_DIR}"
   N_GPUS_PER_NODE=${N_GPUS_PER_NODE:-8}
   NNODES=${NNODES:-1}
-  MEMAGENT_RETRIEVER_URL=${MEMAGENT_RETRIEVER_URL:-http://127.0.0.1:8000}
+  MEMAGENT_RETRIEVER_URL=${MEMAGENT_RETRIEVER_URL:-$("$PYTHON" -c \
+    'from verl_memagent.search.endpoint import DEFAULT_RETRIEVER_URL; print(DEFAULT_RETRIEVER_URL)')}
   if [ -z "${AGENT_LOOPS_YAML:-}" ]; then
     # located without importing the package (which imports verl: seconds)
     AGENT_LOOPS_YAML=$("$PYTHON" -c "import importlib.util as u, pathlib as p

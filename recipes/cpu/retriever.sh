@@ -1,7 +1,7 @@
 # Sourced by the CPU recipes: serve a BM25 index on a free loopback port for this run.
 #   start_retriever INDEX_DIR WORK_DIR
-# Waits until GET /health answers, stops the server when the calling script exits, and exports
-# MEMAGENT_RETRIEVER_URL for the agent loops. The numpy scoring backend starts at once; numba's
+# Waits until GET /health answers (verl_memagent/search/endpoint.py's probe), stops the server when
+# the calling script exits, and exports MEMAGENT_RETRIEVER_URL for the agent loops. The numpy scoring backend starts at once; numba's
 # compile warm-up (tens of seconds) pays off only on corpora far larger than the bundled one.
 
 start_retriever() {
@@ -13,13 +13,8 @@ start_retriever() {
   trap 'kill "$RETRIEVER_PID" 2>/dev/null || true' EXIT
   local _
   for _ in $(seq 240); do
-    if [ -s "$work/retriever.port" ] && python - "http://127.0.0.1:$(cat "$work/retriever.port")/health" <<'PY'; then
-import sys, urllib.request
-try:
-    urllib.request.urlopen(sys.argv[1], timeout=2)
-except Exception:
-    sys.exit(1)
-PY
+    if [ -s "$work/retriever.port" ] &&
+      python -m verl_memagent.search.endpoint --quiet --timeout 2 "http://127.0.0.1:$(cat "$work/retriever.port")"; then
       export MEMAGENT_RETRIEVER_URL="http://127.0.0.1:$(cat "$work/retriever.port")"
       return 0
     fi

@@ -27,7 +27,6 @@ OURS = {
 }
 
 #: sampling parameters exactly as verl's AgentLoopWorker builds them for a training rollout
-VERL_SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
 
 def generated_runs(mask: list[int]) -> list[tuple[int, int]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-from agent_helpers import OURS, QUESTION, VERL_SAMPLING
+from agent_helpers import OURS, QUESTION
 
 FIXTURES = Path(__file__).parent / "fixtures"
 
@@ -32,7 +32,7 @@ def trainer_config():
 @pytest.fixture
 def run_agent(trainer_config, tokenizer, retriever_url):
     """Build an agent loop the way verl's worker does (hydra, verl's config) and run it on one row."""
-    from verl_memagent.agent import instantiate_agent_loop
+    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params
 
     async def run(name, policy, question=QUESTION, **settings):
         settings.setdefault("retriever_urls", retriever_url)
@@ -45,7 +45,7 @@ def run_agent(trainer_config, tokenizer, retriever_url):
             "session_id": 0,
             "global_steps": 1,
         }
-        return await loop.run(dict(VERL_SAMPLING), **row)
+        return await loop.run(verl_sampling_params(), **row)
 
     return run
 
@@ -74,7 +74,7 @@ def qwen_tokenizer(tiny_model_dir):
 @pytest.fixture
 def run_released(trainer_config, qwen_tokenizer, retriever_url):
     """`run_agent` on the Qwen2.5 chat template, with the agent's default (released) settings."""
-    from verl_memagent.agent import instantiate_agent_loop
+    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params
 
     async def run(name, policy, question, **settings):
         loop = instantiate_agent_loop(
@@ -87,7 +87,7 @@ def run_released(trainer_config, qwen_tokenizer, retriever_url):
             **settings,
         )
         row = {"raw_prompt": [{"role": "user", "content": question}], "extra_info": {"question": question}}
-        return await loop.run(dict(VERL_SAMPLING), **row)
+        return await loop.run(verl_sampling_params(), **row)
 
     return run
 

@@ -8,7 +8,7 @@ from omegaconf import OmegaConf
 
 from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent import AGENT_LOOPS_YAML
-from verl_memagent.agent.settings import PROMPT_STYLES
+from verl_memagent.agent.settings import PromptStyle
 
 AGENTS = ("memsearcher", "mem1", "react")
 
@@ -117,7 +117,7 @@ def test_a_name_taken_by_another_loop_is_refused_naming_both():
     assert other._agent_loop_registry == {"react": {"_target_": "other_plugin.ReactLoop"}}
 
 
-@pytest.mark.parametrize("style", PROMPT_STYLES)
+@pytest.mark.parametrize("style", [style.value for style in PromptStyle])
 def test_every_agent_declares_its_turn_format_for_every_prompt_style(style, trainer_config, tokenizer):
     """One declaration per agent and style: the stop strings it sends and whether it reads tool calls."""
     from verl_memagent.agent import instantiate_agent_loop

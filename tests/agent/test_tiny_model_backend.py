@@ -75,9 +75,9 @@ async def test_sampled_tokens_and_logprobs_are_what_the_trainer_sees(run_agent, 
 async def test_a_sampling_seed_makes_a_rollout_independent_of_batching_and_restarts(
     trainer_config, tokenizer, retriever_url, engine
 ):
-    from agent_helpers import QUESTION, VERL_SAMPLING
+    from agent_helpers import QUESTION
 
-    from verl_memagent.agent import instantiate_agent_loop
+    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params
 
     async def play(session: int, seed: int | None) -> list[list[int]]:
         recording = Recording(engine)
@@ -93,7 +93,7 @@ async def test_a_sampling_seed_makes_a_rollout_independent_of_batching_and_resta
             sampling_seed=seed,
         )
         row = {"raw_prompt": [{"role": "user", "content": QUESTION}], "extra_info": {"question": QUESTION, "index": 3}}
-        await loop.run(dict(VERL_SAMPLING), **row, data_source="test", session_id=session, global_steps=5)
+        await loop.run(verl_sampling_params(), **row, data_source="test", session_id=session, global_steps=5)
         # the first call's tokens: later calls also depend on what the retriever answered (on time or not)
         return recording.calls[0]["token_ids"]
 

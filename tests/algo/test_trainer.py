@@ -23,7 +23,8 @@ from verl.utils import tensordict_utils as tu
 
 from verl_memagent.algo.config import MultiContextConfig
 from verl_memagent.algo.estimators import TrajectoryLayout
-from verl_memagent.algo.trainer import MultiContextTrainerSync, NonFiniteUpdateError, check_agent_ids
+from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids
+from verl_memagent.algo.update_steps import NonFiniteUpdateError
 
 
 def verl_config(*overrides: str):

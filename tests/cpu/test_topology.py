@@ -4,10 +4,21 @@ from __future__ import annotations
 
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
+from omegaconf import OmegaConf
 
-from verl_memagent.cpu.topology import CPUS_PER_TRAINER_WORKER, Topology, hydra_overrides, ray_cpus_needed
+from verl_memagent.cpu.topology import (
+    CPUS_PER_TRAINER_WORKER,
+    STORAGE_UNITS,
+    Topology,
+    hydra_overrides,
+    ray_cpus_needed,
+    storage_units_of,
+)
+
+CPU_YAML = Path(__file__).resolve().parents[2] / "recipes" / "cpu" / "cpu.yaml"
 
 
 def test_cpus_per_worker_is_verls_placement_bundle():
@@ -29,6 +40,25 @@ def test_resources_by_hand(n_gpus_per_node, nnodes, local_cpus, node_cpus):
     # the nodes of a cluster hold at least what one local Ray of the same ranks would
     assert topology.node()["num_cpus"] * nnodes >= topology.local_ray()["num_cpus"]
     assert ray_cpus_needed(2, storage_units=8) == 1 + 8 + 6 + 1
+
+
+def test_cpu_yaml_asks_ray_for_its_topologys_budget():
+    """recipes/cpu/cpu.yaml writes Ray's resources out (a run without the launcher reads them there):
+    they are the budget of the topology and storage units it sets."""
+    cpu = OmegaConf.load(CPU_YAML)
+    assert cpu.transfer_queue.backend.SimpleStorage.num_data_storage_units == STORAGE_UNITS
+    topology = Topology(cpu.trainer.n_gpus_per_node, cpu.trainer.nnodes, STORAGE_UNITS)
+    assert dict(cpu.ray_kwargs.ray_init) == topology.local_ray()
+
+
+def test_storage_units_are_read_from_the_transfer_queue_section():
+    def section(backend: str, units: int):
+        return OmegaConf.create(
+            {"backend": {"storage_backend": backend, "SimpleStorage": {"num_data_storage_units": units}}}
+        )
+
+    assert storage_units_of(section("SimpleStorage", 3)) == 3
+    assert storage_units_of(section("Yuanrong", 3)) == 0  # another backend holds no SimpleStorage actors
 
 
 def test_hydra_overrides_local_and_in_a_cluster():

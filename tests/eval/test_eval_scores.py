@@ -12,7 +12,7 @@ import socket
 import pytest
 
 from memagent_examples.scripted import ScriptedPolicy
-from verl_memagent.agent import verl_trainer_config
+from verl_memagent.agent import verl_sampling_params, verl_trainer_config
 from verl_memagent.data.compose import compose_multi_objective, to_verl_rows
 from verl_memagent.data.flashrag import QARecord
 from verl_memagent.eval.cli import agent_settings
@@ -45,7 +45,7 @@ async def evaluate_one(agent: str, policy, tokenizer, retriever_url: str, out, r
         {"multihop": [row or to_verl_rows([RECORD], agent, "test")[0]]},
         out,
         settings=agent_settings([agent], [], retriever_urls=retriever_url, max_turns=3, topk=2),
-        sampling_params={"temperature": 0.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": False},
+        sampling_params=verl_sampling_params(temperature=0.0, logprobs=False),
         trainer_config=verl_trainer_config(prompt_length=4096, response_length=4096),
         concurrency=1,
     )

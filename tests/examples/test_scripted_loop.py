@@ -8,10 +8,9 @@ import pytest
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 
-from verl_memagent.agent import verl_trainer_config
+from verl_memagent.agent import verl_sampling_params, verl_trainer_config
 from verl_memagent.reward.scores import f1_with_format, multi_objective_em
 
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 ROW = {
     "raw_prompt": [{"role": "user", "content": "Which river runs past Leer?"}],
     "extra_info": {"question": "Which river runs past Leer?", "index": 0},
@@ -52,7 +51,7 @@ async def test_sessions_play_two_one_and_no_searches_and_earn_different_rewards(
     url = retriever_server(bm25_index_dir).url
     rewards, contexts = [], []
     for session in range(3):
-        outputs = await scripted(agent, tokenizer, url).run(dict(SAMPLING), session_id=session, **ROW)
+        outputs = await scripted(agent, tokenizer, url).run(verl_sampling_params(), session_id=session, **ROW)
         outputs = outputs if isinstance(outputs, list) else [outputs]
         final = outputs[-1].extra_fields
         contexts.append(len(outputs))
@@ -66,7 +65,7 @@ async def test_mem1_answers_some_objectives_right(tokenizer, retriever_server, b
     url = retriever_server(bm25_index_dir).url
     scores = []
     for session in range(3):
-        outputs = await scripted("mem1", tokenizer, url).run(dict(SAMPLING), session_id=session, **TASK)
+        outputs = await scripted("mem1", tokenizer, url).run(verl_sampling_params(), session_id=session, **TASK)
         final = outputs[-1].extra_fields
         golds = TASK["reward_model"]["ground_truth"]
         scores.append(multi_objective_em("leda", final["final_response"], golds, extra_info=dict(final))["score"])

@@ -15,7 +15,6 @@ MEMORIES = (
 )
 ANSWER = "between the 8th and 16th centuries"
 #: verl's sampling for a training rollout
-SAMPLING = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0, "logprobs": True}
 
 
 def script(agent: str, searches: int = 2) -> list[str]:
@@ -31,7 +30,7 @@ def mem1_states(searches: int) -> list[str]:
 
 async def play(agent: str, texts: list[str], tokenizer, trainer_config, retriever_url: str, **settings):
     """Run the agent loop as verl's worker builds and calls it; returns (outputs as a list, the policy)."""
-    from verl_memagent.agent import instantiate_agent_loop
+    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params
 
     policy = ScriptedPolicy(tokenizer, texts)
     loop = instantiate_agent_loop(
@@ -43,7 +42,7 @@ async def play(agent: str, texts: list[str], tokenizer, trainer_config, retrieve
         "reward_model": {"ground_truth": GOLDEN},
         "data_source": "leda",
     }
-    outputs = await loop.run(dict(SAMPLING), **row)
+    outputs = await loop.run(verl_sampling_params(), **row)
     return (outputs if isinstance(outputs, list) else [outputs]), policy
 
 

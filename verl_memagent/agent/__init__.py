@@ -18,6 +18,7 @@ _LAZY = {
     "ReactAgentLoop": "verl_memagent.agent.react",
     "instantiate_agent_loop": "verl_memagent.agent.factory",
     "verl_trainer_config": "verl_memagent.agent.factory",
+    "verl_sampling_params": "verl_memagent.agent.factory",
 }
 
 __all__ = ["AGENT_LOOPS_YAML", *_LAZY]

@@ -31,6 +31,21 @@ def verl_trainer_config(**rollout_overrides: Any) -> DictConfig:
     return config
 
 
+def verl_sampling_params(
+    temperature: float = 1.0, top_p: float = 1.0, top_k: int = -1, logprobs: bool = True
+) -> dict[str, Any]:
+    """The sampling params verl's AgentLoopWorker hands every loop's `run()` (agent_loop.py,
+    `generate_sequences`): the rollout's temperature, top_p and top_k, no repetition penalty, and
+    whether the server returns log-probs. The defaults: plain sampling with log-probs, as in training."""
+    return {
+        "temperature": temperature,
+        "top_p": top_p,
+        "top_k": top_k,
+        "repetition_penalty": 1.0,
+        "logprobs": logprobs,
+    }
+
+
 @cache
 def _dataset_class(custom_path: str | None, custom_name: str | None) -> type:
     """verl's dataset class for `data.custom_cls`, resolved once (eval builds one loop per question)."""

@@ -20,7 +20,7 @@ from __future__ import annotations
 from typing import Any
 
 from verl_memagent.agent.parsing import ActionKind, parse_tag_action
-from verl_memagent.agent.settings import PROMPT_STYLES
+from verl_memagent.agent.settings import PromptStyle
 from verl_memagent.agent.trajectory import Context, Generation, ToolCall, Trajectory, TurnFormat
 from verl_memagent.agent.turns import SearchAgentLoop
 from verl_memagent.data.compose import TASK_PREFIX
@@ -61,27 +61,26 @@ class Mem1AgentLoop(SearchAgentLoop):
 
     agent = "mem1"
     #: every style stops at the closing action tags (the released code cut the response there)
-    turn_formats = dict.fromkeys(PROMPT_STYLES, TurnFormat(stop_tags=("search", "answer"), tool_calls=False))
+    turn_formats = dict.fromkeys(PromptStyle, TurnFormat(stop_tags=("search", "answer"), tool_calls=False))
     default_tags = {"state": "think", "search": "search", "answer": "answer", "information": "information"}
 
-    @property
-    def style(self) -> str:
-        """The prompt style: it picks the documents' format, the observation cut and the carried ids."""
-        return self.settings.prompt_style
-
     def format_documents(self, documents: list[Document]) -> str:
-        return super().format_documents(documents) if self.style == "ours" else released_documents(documents)
+        if self.settings.prompt_style == PromptStyle.OURS:
+            return super().format_documents(documents)
+        return released_documents(documents)
 
     @property
     def documents_cap(self) -> int | None:
         """`released_train` cuts the whole observation instead (`observation_ids`), as the released code did."""
-        return None if self.style == "released_train" else super().documents_cap
+        return None if self.settings.prompt_style == PromptStyle.RELEASED_TRAIN else super().documents_cap
 
     def observation_ids(self, observation: str) -> list[int]:
         """The observation's ids; `released_train` cuts them at `observation_max_tokens`, hint and tags
         included, as the released training code cut the tokenised observation (generation_think.py:96-98)."""
         ids = self.encode(observation)
-        return ids[: self.settings.observation_max_tokens] if self.style == "released_train" else ids
+        if self.settings.prompt_style == PromptStyle.RELEASED_TRAIN:
+            return ids[: self.settings.observation_max_tokens]
+        return ids
 
     def state_of(self, text: str) -> tuple[str | None, str]:
         """The internal state written before the action, or (None, reason) when there is none."""
@@ -101,7 +100,7 @@ class Mem1AgentLoop(SearchAgentLoop):
         """
         ids = list(generation.token_ids)
         start = generation.text.find(opening(self.tags["state"]))
-        if self.style == "ours" or start <= 0:
+        if self.settings.prompt_style == PromptStyle.OURS or start <= 0:
             return ids
         for cut in range(len(ids)):
             if len(self.tokenizer.decode(ids[: cut + 1], skip_special_tokens=True)) > start:
@@ -131,9 +130,9 @@ class Mem1AgentLoop(SearchAgentLoop):
             trajectory.finish(reason)
             return []
         self.record_state(context, state)
-        if context.memory_truncated and self.settings.memory_overflow != "truncate":
-            trajectory.finish(FinishReason.MEMORY_OVERFLOW, penalised=self.settings.memory_overflow == "penalty")
-        elif action.kind == ActionKind.ANSWER:
+        if self.end_on_overflow(trajectory, context.memory_truncated):
+            return []
+        if action.kind == ActionKind.ANSWER:
             trajectory.finish(FinishReason.ANSWER, answer=action)
         elif last_turn:
             trajectory.finish(FinishReason.MAX_TURNS)
@@ -156,7 +155,7 @@ class Mem1AgentLoop(SearchAgentLoop):
         return state, tokens
 
     async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
-        if self.style != "ours":
+        if self.settings.prompt_style != PromptStyle.OURS:
             question = released_question(question)
         messages = [{"role": "user", "content": self.prompts.render("user", question=question)}]
         base_ids = await self.ct_build_initial_tokens(messages)
@@ -173,7 +172,7 @@ class Mem1AgentLoop(SearchAgentLoop):
             observation = self.prompts.render(
                 "observation", documents=documents, turns_left=max_turns - turn - 1, last_turn=turn + 2 == max_turns
             )
-            if self.style == "released_eval":  # the client sent the conversation as one text
+            if self.settings.prompt_style == PromptStyle.RELEASED_EVAL:  # the client sent the conversation as one text
                 prompt_ids = self.encode(self.chat_text(messages) + self.eval_text(generation) + observation)
                 continue
             # a cut state goes into the next prompt encoded; this context's sample keeps what was sampled

@@ -24,6 +24,7 @@ from itertools import chain
 from typing import Any
 
 from verl_memagent.agent.parsing import parse_memory
+from verl_memagent.agent.settings import PromptStyle
 from verl_memagent.agent.tool_calls import RELEASED_FORMAT, ToolCallAgentLoop
 from verl_memagent.agent.trajectory import Context, ToolCall, Trajectory, TurnFormat
 from verl_memagent.output_fields import CallFinish, FinishReason
@@ -38,9 +39,9 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
 
     agent = "memsearcher"
     turn_formats = {
-        "released_train": RELEASED_FORMAT,
-        "released_eval": RELEASED_FORMAT,
-        "ours": TurnFormat(stop_tags=("tool_call", "memory"), tool_calls=True),
+        PromptStyle.RELEASED_TRAIN: RELEASED_FORMAT,
+        PromptStyle.RELEASED_EVAL: RELEASED_FORMAT,
+        PromptStyle.OURS: TurnFormat(stop_tags=("tool_call", "memory"), tool_calls=True),
     }
     default_tags = {"think": "think", "tool_call": "tool_call", "question": "question", "memory": "memory"}
 
@@ -63,7 +64,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         TokenTemplate did (the template's pieces once per process), `released_eval` the whole text.
         """
         pieces = self.released_prompt_pieces
-        if self.settings.prompt_style == "released_eval":
+        if self.settings.prompt_style == PromptStyle.RELEASED_EVAL:
             return self.encode("".join(values.get(piece, piece) for piece in pieces))
         encoded = (self.encode(values[p]) if p in values else self.encode_constant(p) for p in pieces)
         return list(chain.from_iterable(encoded))
@@ -111,7 +112,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
             if memory_gen is None:
                 return trajectory.finish(FinishReason.CONTEXT_LIMIT)
             new_memory, closed = parse_memory(memory_gen.text, self.tags["memory"])
-            if self.settings.prompt_style == "released_eval":
+            if self.settings.prompt_style == PromptStyle.RELEASED_EVAL:
                 # the released inference client goes on with whatever memory it read, or none (memsearcher.py:289-310)
                 memory = new_memory if closed and new_memory else ""
                 memory_tokens, context.memory_written = len(self.encode(memory)), bool(memory)
@@ -121,9 +122,8 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
             context.memory_written = True
             memory, memory_tokens, truncated = self.truncate(new_memory, self.settings.memory_max_tokens)
             context.memory = memory
-            overflow_mode = self.settings.memory_overflow
-            if (memory_gen.finish == CallFinish.LENGTH or not closed or truncated) and overflow_mode != "truncate":
-                # `end`: the released code stops a trajectory whose rewrite ran out of tokens or is too long
-                return trajectory.finish(FinishReason.MEMORY_OVERFLOW, penalised=overflow_mode == "penalty")
+            # the released code stops a trajectory whose rewrite ran out of tokens or is too long
+            if self.end_on_overflow(trajectory, memory_gen.finish == CallFinish.LENGTH or not closed or truncated):
+                return None
             context.memory_truncated = truncated
         return trajectory.finish(FinishReason.MAX_TURNS)

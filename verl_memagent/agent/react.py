@@ -17,6 +17,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from verl_memagent.agent.parsing import Action, parse_tag_action
+from verl_memagent.agent.settings import PromptStyle
 from verl_memagent.agent.tool_calls import RELEASED_FORMAT, ToolCallAgentLoop
 from verl_memagent.agent.trajectory import Context, ToolCall, Trajectory, TurnFormat
 from verl_memagent.output_fields import FinishReason
@@ -28,9 +29,9 @@ class ReactAgentLoop(ToolCallAgentLoop):
     agent = "react"
     #: `ours` is Search-R1's format: `<search>`, `<answer>`
     turn_formats = {
-        "released_train": RELEASED_FORMAT,
-        "released_eval": RELEASED_FORMAT,
-        "ours": TurnFormat(stop_tags=("search", "answer"), tool_calls=False),
+        PromptStyle.RELEASED_TRAIN: RELEASED_FORMAT,
+        PromptStyle.RELEASED_EVAL: RELEASED_FORMAT,
+        PromptStyle.OURS: TurnFormat(stop_tags=("search", "answer"), tool_calls=False),
     }
     default_tags = {
         "think": "think",

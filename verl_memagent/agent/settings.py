@@ -12,6 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from enum import Enum
 from functools import cache
 from pathlib import Path
 from typing import Any
@@ -20,18 +21,34 @@ import jinja2
 from omegaconf import OmegaConf
 
 from verl_memagent.config_sections import require_choice, typed_section
+from verl_memagent.search.endpoint import DEFAULT_RETRIEVER_URL, split_urls
 
 PROMPTS_YAML = Path(__file__).with_name("prompts.yaml")
 
-MEMORY_OVERFLOW_MODES = ("end", "truncate", "penalty")
 
-#: how contexts are rendered: as the papers' released training code, their released inference code
-#: (the released checkpoints' input format), or the project's own prompts (docs/fidelity.md)
-PROMPT_STYLES = ("released_train", "released_eval", "ours")
+class MemoryOverflow(str, Enum):
+    """`memory_overflow`: what a memory (mem1: state) over its cap does to the trajectory (`AgentSettings`)."""
 
-#: how memsearcher and react read MemSearcher's tool-call format: as the released rollout and reward,
-#: or with the project's stricter rules (agent/parsing.py, grammar.py)
-ACTION_RULES = ("released", "strict")
+    END = "end"
+    TRUNCATE = "truncate"
+    PENALTY = "penalty"
+
+
+class PromptStyle(str, Enum):
+    """`prompt_style`: how contexts are rendered: as the papers' released training code, their released
+    inference code (the released checkpoints' input format), or the project's own prompts (docs/fidelity.md)."""
+
+    RELEASED_TRAIN = "released_train"
+    RELEASED_EVAL = "released_eval"
+    OURS = "ours"
+
+
+class ActionRules(str, Enum):
+    """`action_rules`: how memsearcher and react read MemSearcher's tool-call format: as the released rollout
+    and reward, or with the project's stricter rules (agent/parsing.py, grammar.py)."""
+
+    RELEASED = "released"
+    STRICT = "strict"
 
 
 @cache
@@ -86,7 +103,7 @@ class AgentSettings:
         prompt is always the question + the last turn (the method's context).
     """
 
-    retriever_urls: list[str] = field(default_factory=lambda: ["http://127.0.0.1:8000"])
+    retriever_urls: list[str] = field(default_factory=lambda: [DEFAULT_RETRIEVER_URL])
     retriever_timeout_s: float = 30.0
     retriever_max_retries: int = 3
     retriever_backoff_s: float = 0.5
@@ -95,14 +112,14 @@ class AgentSettings:
     max_turns: int = 5
     max_new_tokens: int = 512
     memory_max_tokens: int = 1024
-    memory_overflow: str = "end"
+    memory_overflow: str = MemoryOverflow.END.value
     observation_max_tokens: int | None = None
     context_max_tokens: int | None = None
     stop: list[str] | None = None
     sampling_seed: int | None = None
     tool_name: str = "wikipedia_search"
-    prompt_style: str = "released_train"
-    action_rules: str = "released"
+    prompt_style: str = PromptStyle.RELEASED_TRAIN.value
+    action_rules: str = ActionRules.RELEASED.value
     require_state: bool = False
     released_history_cut: bool = False
     tags: dict[str, str] = field(default_factory=dict)
@@ -115,17 +132,20 @@ class AgentSettings:
         for name in ("observation_max_tokens", "context_max_tokens"):
             if getattr(self, name) is not None and getattr(self, name) < 1:
                 raise ValueError(f"{name}: expected a positive integer or null, got {getattr(self, name)!r}")
-        require_choice("memory_overflow", self.memory_overflow, MEMORY_OVERFLOW_MODES)
-        require_choice("prompt_style", self.prompt_style, PROMPT_STYLES)
-        require_choice("action_rules", self.action_rules, ACTION_RULES)
+        require_choice("memory_overflow", self.memory_overflow, MemoryOverflow)
+        require_choice("prompt_style", self.prompt_style, PromptStyle)
+        require_choice("action_rules", self.action_rules, ActionRules)
 
 
 def build_settings(agent: str, default_tags: dict[str, str], overrides: dict[str, Any]) -> AgentSettings:
     """YAML overrides (plain or OmegaConf values) over the defaults, each of its field's type
-    (`config_sections.typed_section`); `retriever_urls` may be one comma-separated string."""
+    (`config_sections.typed_section`); `retriever_urls` may be one comma-separated string, and null is
+    the default (the shipped YAML's `${oc.env:MEMAGENT_RETRIEVER_URL,null}` when the variable is unset)."""
     plain = OmegaConf.to_container(OmegaConf.create(dict(overrides)), resolve=True)
     if isinstance(plain.get("retriever_urls"), str):
-        plain["retriever_urls"] = [url.strip() for url in plain["retriever_urls"].split(",") if url.strip()]
+        plain["retriever_urls"] = split_urls(plain["retriever_urls"])
+    elif "retriever_urls" in plain and plain["retriever_urls"] is None:
+        del plain["retriever_urls"]
     merged = typed_section(f"{agent} agent settings", plain, AgentSettings)
     merged.tags = {**default_tags, **merged.tags}
     merged.prompts = {**default_prompts(agent, merged.prompt_style), **merged.prompts}

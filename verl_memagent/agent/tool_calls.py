@@ -12,6 +12,7 @@ from typing import Any
 from verl.experimental.agent_loop.agent_loop import AgentLoopOutput
 
 from verl_memagent.agent.parsing import Action, ActionKind, parse_tool_call_action, released_call, released_tool_calls
+from verl_memagent.agent.settings import ActionRules, PromptStyle
 from verl_memagent.agent.trajectory import Context, Generation, ToolCall, Trajectory, TurnFormat
 from verl_memagent.agent.turns import SearchAgentLoop
 from verl_memagent.grammar import released_verdict, tag_spans
@@ -56,12 +57,12 @@ class ToolCallAgentLoop(SearchAgentLoop):
     @property
     def released(self) -> bool:
         """Whether the prompt style is a released one (`released_train`, `released_eval`)."""
-        return self.settings.prompt_style != "ours"
+        return self.settings.prompt_style != PromptStyle.OURS
 
     @property
     def released_rules(self) -> bool:
         """Whether `action_rules: released` applies: it reads MemSearcher's tool-call format only."""
-        return self.settings.action_rules == "released" and self.turn_format.tool_calls
+        return self.settings.action_rules == ActionRules.RELEASED and self.turn_format.tool_calls
 
     @property
     def tools(self) -> list[dict] | None:
@@ -109,7 +110,7 @@ class ToolCallAgentLoop(SearchAgentLoop):
         """Every call of a turn whose tags pair up (vllm_rollout_spmd.py:612-627); a turn cut by the token
         limit runs none in training (the released inference client does not look). A turn that runs
         none ends the trajectory: `answer` when the released reward accepts its format, else `bad_format`."""
-        cut = generation.finish == CallFinish.LENGTH and self.settings.prompt_style != "released_eval"
+        cut = generation.finish == CallFinish.LENGTH and self.settings.prompt_style != PromptStyle.RELEASED_EVAL
         texts = [] if cut else released_tool_calls(self.action_text(generation.text), self.tags["tool_call"])
         if not texts:
             _, format_ok = self.final_verdict(trajectory.contexts[-1])

@@ -20,7 +20,7 @@ import httpx
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
 from verl.utils.tokenizer.chat_template import initialize_turn_separator
 
-from verl_memagent.agent.settings import AgentSettings, ByValue, parsed_settings
+from verl_memagent.agent.settings import AgentSettings, ByValue, MemoryOverflow, parsed_settings
 from verl_memagent.agent.trajectory import Context, Generation, Step, ToolCall, Trajectory, TurnFormat, question_of
 from verl_memagent.grammar import closing
 from verl_memagent.output_fields import CallFinish, FinishReason, OutputField
@@ -291,6 +291,15 @@ class SearchAgentLoop(AgentLoopBase):
         context.search_log.append((len(context.calls), search))
         cap = self.documents_cap
         return text if cap is None else self.truncate(text, cap)[0]
+
+    def end_on_overflow(self, trajectory: Trajectory, overflowed: bool) -> bool:
+        """Whether a memory (mem1: state) that ran over its cap ended the trajectory here: `memory_overflow`
+        `end` and `penalty` end it (`penalty` with every reward 0), `truncate` lets it go on."""
+        mode = self.settings.memory_overflow
+        if not overflowed or mode == MemoryOverflow.TRUNCATE:
+            return False
+        trajectory.finish(FinishReason.MEMORY_OVERFLOW, penalised=mode == MemoryOverflow.PENALTY)
+        return True
 
     async def insert_messages(
         self, context: Context, history: list[dict], new_messages: list[dict], tools=None

@@ -48,9 +48,9 @@ class TrajectoryStats:
 
 
 @dataclass(frozen=True)
-class Trajectory:
-    """One trajectory summarised: its totals, its finish group (`FINISHES`), its memory rewrites and how many hit
-    the cap."""
+class TrajectorySummary:
+    """One trajectory summarised from its outputs' `extra_fields`: its totals, its finish group (`FINISHES`), its
+    memory rewrites and how many hit the cap. (`agent.trajectory.Trajectory` is the record a loop builds.)"""
 
     stats: TrajectoryStats
     finish: str
@@ -58,7 +58,7 @@ class Trajectory:
     memory_capped: int
 
 
-def summarise_trajectory(contexts: Sequence[Mapping]) -> Trajectory:
+def summarise_trajectory(contexts: Sequence[Mapping]) -> TrajectorySummary:
     """The totals of one trajectory's contexts (their `extra_fields`, any order)."""
     last = max(contexts, key=lambda c: c[OutputField.TURN_INDEX])
     overflowed = (
@@ -75,7 +75,7 @@ def summarise_trajectory(contexts: Sequence[Mapping]) -> Trajectory:
         generate_s=sum(c[OutputField.GENERATE_S] for c in contexts),
         search_s=sum(c[OutputField.SEARCH_S] for c in contexts),
     )
-    return Trajectory(
+    return TrajectorySummary(
         stats=stats,
         finish=finish_group(last[OutputField.FINISH_REASON], bool(last[OutputField.PENALISED])),
         memory_rewrites=sum(bool(c[OutputField.MEMORY_WRITTEN]) for c in contexts),
@@ -93,7 +93,7 @@ def group_trajectories(extra_fields: Iterable[Mapping]) -> list[list[Mapping]]:
     return list(groups.values())
 
 
-def aggregate(trajectories: Sequence[Trajectory], prefix: str = "agent") -> dict[str, float]:
+def aggregate(trajectories: Sequence[TrajectorySummary], prefix: str = "agent") -> dict[str, float]:
     """`{prefix}/...` metrics over some trajectories; empty when there are none."""
     if not trajectories:
         return {}

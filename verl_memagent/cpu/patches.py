@@ -21,6 +21,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
+from verl_memagent.cpu import topology
 from verl_memagent.import_hooks import when_imported
 
 #: the verl release every patch below was written against: its `expects` texts are from that source
@@ -95,17 +96,6 @@ def _sdpa_value_model(model: ModuleType) -> None:
     model.load_valuehead_model = load_valuehead_model
 
 
-def ray_cpus_needed(transfer_queue_conf) -> tuple[int, str]:
-    """Logical CPUs a CPU run of the V1 trainer holds in Ray (`topology.ray_cpus_needed` for the
-    logical GPUs Ray has), and how that number is made up."""
-    from verl_memagent.cpu import topology
-
-    gpus = int(ray_cluster_resources().get("GPU", 0))
-    backend = transfer_queue_conf.backend
-    storage = backend.SimpleStorage.num_data_storage_units if backend.storage_backend == "SimpleStorage" else 0
-    return topology.ray_cpus_needed(gpus, storage), topology.describe_ray_cpus(gpus, storage)
-
-
 def ray_cluster_resources() -> dict[str, float]:
     import ray
 
@@ -120,7 +110,9 @@ def require_ray_cpus(transfer_queue_conf) -> None:
             "cpu platform: verl's workers request Ray GPUs (single_controller/ray/base.py:146); start Ray with "
             "logical ones: +ray_kwargs.ray_init.num_gpus=<trainer.n_gpus_per_node * trainer.nnodes>"
         )
-    needed, how = ray_cpus_needed(transfer_queue_conf)
+    # the budget of the logical GPUs Ray has (`topology.ray_cpus_needed`)
+    gpus, storage = int(resources["GPU"]), topology.storage_units_of(transfer_queue_conf)
+    needed, how = topology.ray_cpus_needed(gpus, storage), topology.describe_ray_cpus(gpus, storage)
     have = int(resources.get("CPU", 0))
     if have < needed:
         raise RuntimeError(

@@ -32,6 +32,12 @@ def ray_cpus_needed(gpus: int, storage_units: int = STORAGE_UNITS) -> int:
     return 1 + storage_units + CPUS_PER_TRAINER_WORKER * gpus + 1
 
 
+def storage_units_of(transfer_queue_conf) -> int:
+    """TransferQueue's storage units in a run's `transfer_queue` config section (none but SimpleStorage's)."""
+    backend = transfer_queue_conf.backend
+    return backend.SimpleStorage.num_data_storage_units if backend.storage_backend == "SimpleStorage" else 0
+
+
 def describe_ray_cpus(gpus: int, storage_units: int) -> str:
     """How `ray_cpus_needed` is made up, in words, for error messages."""
     return (

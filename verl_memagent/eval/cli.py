@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from verl_memagent.agent import AGENT_LOOPS_YAML
+from verl_memagent.agent import AGENT_LOOPS_YAML, verl_sampling_params
 from verl_memagent.eval.judge import JudgeSettings
 
 AGENTS = ("memsearcher", "mem1", "react")
@@ -168,13 +168,7 @@ class EvalOptions:
 
     def sampling_params(self) -> dict[str, Any]:
         """What verl's validation sends: top_k off, no repetition penalty."""
-        return {
-            "temperature": self.temperature,
-            "top_p": self.top_p,
-            "top_k": -1,
-            "repetition_penalty": 1.0,
-            "logprobs": False,
-        }
+        return verl_sampling_params(self.temperature, self.top_p, logprobs=False)
 
     def judge(self) -> JudgeSettings | None:
         """The LLM judge asked for, or None."""

@@ -19,8 +19,6 @@ import time
 from pathlib import Path
 from typing import Any
 
-import httpx
-
 from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop
 from verl_memagent.eval.judge import Judge, JudgeSettings
 from verl_memagent.eval.plot import plot_context_tokens
@@ -28,24 +26,24 @@ from verl_memagent.eval.records import example_record, trajectory_record
 from verl_memagent.eval.report import summarise
 from verl_memagent.eval.tasks import worker_kwargs
 from verl_memagent.progress import progress
+from verl_memagent.search.endpoint import RetrieverUnavailable, retriever_health
 from verl_memagent.trajectories.files import TRAJECTORIES_DIR, records_path, write_records
 
 EXAMPLES_FILE, SUMMARY_FILE, PLOT_FILE = "examples.jsonl", "summary.json", "context_tokens.png"
 
 
 async def check_retriever(urls: list[str]) -> None:
-    """Fail before any question runs unless a retriever replica answers `/health`.
+    """Fail before any question runs unless a retriever replica answers `/health` (`search.endpoint`'s rule).
 
     The agents turn a failed search into an observation (as in training), so a dead retriever would
     otherwise only show up as low scores and `retriever_errors` in the summary.
     """
-    async with httpx.AsyncClient(timeout=10) as http:
-        for url in urls:
-            try:
-                if (await http.get(f"{url.rstrip('/')}/health")).status_code == 200:
-                    return
-            except httpx.HTTPError:
-                continue
+    for url in urls:
+        try:
+            await asyncio.to_thread(retriever_health, url, 10.0)
+            return
+        except RetrieverUnavailable:
+            continue
     raise RuntimeError(
         f"no retriever answers /health at {urls}: start one (python -m retriever_server serve --index DIR) "
         "and pass its URL with --retriever (or set MEMAGENT_RETRIEVER_URL)"
