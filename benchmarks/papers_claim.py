@@ -73,9 +73,24 @@ def once(done_dir: Path, make) -> Path:
 
 
 class Sweep:
-    def __init__(self, work: Path, results: Path, build_seed: int, copy_steps: int, warm_steps: int, lock):
+    """The sweep's pieces and cells. `objectives`, `eval_tasks` and `rl_overrides` (hydra overrides of
+    composed_doors.yaml) shrink it for a test; the benchmark runs the defaults."""
+
+    def __init__(
+        self,
+        work: Path,
+        results: Path,
+        build_seed: int = 0,
+        copy_steps: int = 800,
+        warm_steps: int = 300,
+        lock: Path | None = None,
+        objectives: tuple[int, ...] = OBJECTIVES,
+        eval_tasks: dict[str, int] = EVAL_TASKS,
+        rl_overrides: tuple[str, ...] = (),
+    ):
         self.work, self.results, self.lock = work, results, lock
         self.build_seed, self.copy_steps, self.warm_steps = build_seed, copy_steps, warm_steps
+        self.objectives, self.eval_tasks, self.rl_overrides = objectives, eval_tasks, rl_overrides
         self.build = work / "build"
         self.records = json.loads(results.read_text()) if results.is_file() else []
         self.retriever: ServerProcess | None = None
@@ -108,9 +123,9 @@ class Sweep:
         from verl_memagent.data.prepare import write_parquet
 
         sets = composed_doors.read_door_sets(self.build / "task")
-        for name, tasks in EVAL_TASKS.items():
+        for name, tasks in self.eval_tasks.items():
             pool = composed_doors.records(sets.of(name), name)
-            for k in OBJECTIVES:
+            for k in self.objectives:
                 rows = task_rows(pool, "memsearcher", "test", objectives=k, num_tasks=tasks, seed=0)
                 write_parquet(rows, out / f"{name}_k{k}.parquet")
         for agent in AGENTS:
@@ -136,7 +151,7 @@ class Sweep:
             command += ["--config-name=composed_doors", f"actor_rollout_ref.model.path={self.warm_model(agent)}"]
             command += [f"data.train_files={data}", f"data.val_files={data}", f"data.seed={seed}"]
             command += [f"actor_rollout_ref.rollout.seed={seed}", f"trainer.default_local_dir={out / 'checkpoints'}"]
-            command += [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}"]
+            command += [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}", *self.rl_overrides]
             with self.holding_lock():
                 began = time.perf_counter()
                 run(command, out / "train.log", env)
@@ -159,9 +174,9 @@ class Sweep:
         """Score `model` on every evaluation set at every k (one eval process per k, so that each k
         has its own clock) and save the cell's records."""
         cell, start = [], file_digest(self.warm_model(agent) / "model.safetensors")
-        for k in OBJECTIVES:
+        for k in self.objectives:
             out = self.work / "eval" / f"{agent}_{phase}_{seed}" / f"k{k}"
-            data = [f"--data={name}_k{k}={self.build / 'data' / f'{name}_k{k}.parquet'}" for name in EVAL_TASKS]
+            data = [f"--data={name}_k{k}={self.build / 'data' / f'{name}_k{k}.parquet'}" for name in self.eval_tasks]
             command = [
                 str(Path(sys.executable).parent / "verl-memagent"),
                 "eval",
@@ -176,7 +191,8 @@ class Sweep:
             began = time.perf_counter()
             run(command, out / "log", {**os.environ, "OMP_NUM_THREADS": "1"})
             wall = time.perf_counter() - began
-            cell += [{**r, "warm_start_sha256": start} for r in cell_records(agent, phase, seed, k, out, wall)]
+            records = cell_records(agent, phase, seed, k, list(self.eval_tasks), out, wall)
+            cell += [{**record, "warm_start_sha256": start} for record in records]
         self.records += cell
         self.save()
 
@@ -184,12 +200,12 @@ class Sweep:
         self.results.parent.mkdir(parents=True, exist_ok=True)
         self.results.write_text(json.dumps(self.records, indent=1) + "\n")
 
-    def sweep(self, seeds: int) -> None:
-        for agent in AGENTS:
+    def sweep(self, seeds: int, agents: tuple[str, ...] = AGENTS) -> None:
+        for agent in agents:
             if not self.done(agent, "before_rl", None):
                 self.score(agent, "before_rl", None, self.warm_model(agent))
         for seed in range(seeds):
-            for agent in AGENTS:
+            for agent in agents:
                 if not self.done(agent, "after_rl", seed):
                     self.score(agent, "after_rl", seed, self.train(agent, seed))
                 print(report_line(self.records, agent, seed), flush=True)
@@ -203,13 +219,15 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
-def cell_records(agent: str, phase: str, seed: int | None, k: int, out: Path, wall_s: float) -> list[dict]:
+def cell_records(
+    agent: str, phase: str, seed: int | None, k: int, door_sets: list[str], out: Path, wall_s: float
+) -> list[dict]:
     """One record per evaluation set of an eval run at k objectives (its summary and examples)."""
     summary = json.loads((out / "summary.json").read_text())
     examples = [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]
     tasks = sum(summary["datasets"].values())
     records = []
-    for name in EVAL_TASKS:
+    for name in door_sets:
         scores = summary["agents"][agent]["datasets"][f"{name}_k{k}"]
         mine = [e for e in examples if e["dataset"] == f"{name}_k{k}"]
         contexts = [c for e in mine for c in e["contexts"]]
@@ -313,12 +331,12 @@ def plot(records: list[dict], path: Path) -> None:
     fig.savefig(path, dpi=110)
 
 
-def report(records: list[dict]) -> dict:
+def report(records: list[dict], plot_path: Path = PLOT) -> dict:
     for door_set in EVAL_TASKS:
         print(f"\n{door_set} doors: EM per objective (mean ± sd over RL seeds) and mean peak context tokens\n")
         print(table(records, door_set))
-    plot(records, PLOT)
-    print(f"\nplot: {PLOT}")
+    plot(records, plot_path)
+    print(f"\nplot: {plot_path}")
     groups = grouped(records, "held_out")
     k = max(OBJECTIVES)
     summary = {"cpu": records[0]["cpu"] if records else None}

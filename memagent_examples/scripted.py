@@ -14,6 +14,8 @@ from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
 
+from verl_memagent.reward.answers import objective_golds
+
 
 class ScriptedPolicy:
     def __init__(self, tokenizer, texts: list[str], server_fields: dict[str, Any] | None = None):
@@ -128,7 +130,7 @@ class ScriptedAgentLoop:
         return await loop.run(sampling_params, **row)
 
     def texts(self, session: int, row: dict[str, Any]) -> list[str]:
-        golds = _objective_golds(row["reward_model"]["ground_truth"])
+        golds = [answers[0] for answers in objective_golds(row["reward_model"]["ground_truth"])]
         question = str(row["extra_info"]["question"])
         index = int(row["extra_info"].get("index", 0))
         searches, right = [(2, len(golds)), (1, len(golds) - 1), (0, len(golds))][(session + index) % 3]
@@ -137,11 +139,3 @@ class ScriptedAgentLoop:
         queries = [" ".join(words[:6]), " ".join(words[-6:])][:searches]
         memories = [f"Searched: {query}." for query in queries]
         return agent_texts(self.agent, queries, memories, answer, self.tokenizer.eos_token)
-
-
-def _objective_golds(ground_truth) -> list[str]:
-    """The first gold answer of each objective (one objective: a flat list of answers)."""
-    items = list(ground_truth)
-    if all(isinstance(item, str) for item in items):
-        return [items[0]]
-    return [str(list(item)[0]) for item in items]

@@ -286,11 +286,11 @@ class SearchAgentLoop(AgentLoopBase):
             text = SEARCH_FAILED
         finally:
             context.search_s += time.perf_counter() - start
+        shown = text if self.documents_cap is None else self.truncate(text, self.documents_cap)[0]
         passages = [PassageRef(id=doc.id, title=doc.title) for doc in documents]
-        search = SearchLog(query=query, passages=passages, failed=text == SEARCH_FAILED)
+        search = SearchLog(query=query, passages=passages, failed=text == SEARCH_FAILED, text=shown)
         context.search_log.append((len(context.calls), search))
-        cap = self.documents_cap
-        return text if cap is None else self.truncate(text, cap)[0]
+        return shown
 
     def end_on_overflow(self, trajectory: Trajectory, overflowed: bool) -> bool:
         """Whether a memory (mem1: state) that ran over its cap ended the trajectory here: `memory_overflow`

@@ -13,8 +13,10 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import astuple, dataclass, fields
+from typing import Any
 
 from verl_memagent.output_fields import FinishReason, OutputField
+from verl_memagent.trajectories.retention import retention
 
 #: finish reasons with a share of their own; any other reason is malformed output ("format_broken")
 FINISH_GROUPS = {
@@ -113,20 +115,57 @@ def aggregate(trajectories: Sequence[TrajectorySummary], prefix: str = "agent") 
     return metrics
 
 
-def agent_metrics(extra_fields: Iterable[Mapping], prefix: str = "agent") -> dict[str, float]:
-    """The training step's figures: `extra_fields` of every (non-padding) sample of the batch."""
-    return aggregate([summarise_trajectory(group) for group in group_trajectories(extra_fields)], prefix)
+def retention_metrics(extra_fields: Sequence[Mapping], ground_truths: Sequence[Any], prefix: str = "agent") -> dict:
+    """Memory retention (`trajectories/retention.py`): `{prefix}/memory_retention/mean`, the answers the
+    memories held over the answers read before they were written, pooled over every memory-writing turn,
+    and `.../turn_N`, the same at turn N (from 1). `ground_truths[i]` is the row's ground truth of
+    `extra_fields[i]`. Empty when no memory was written after an answer was read (ReAct, or no search)."""
+    trajectories: dict[str, tuple[list[Mapping], Any]] = {}
+    for fields_, truth in zip(extra_fields, ground_truths, strict=True):
+        if isinstance(fields_, Mapping) and OutputField.TRAJECTORY_ID in fields_ and truth is not None:
+            trajectories.setdefault(str(fields_[OutputField.TRAJECTORY_ID]), ([], truth))[0].append(fields_)
+    read: dict[int, int] = defaultdict(int)
+    held: dict[int, int] = defaultdict(int)
+    for contexts, truth in trajectories.values():
+        ordered = sorted(contexts, key=lambda c: c[OutputField.TURN_INDEX])
+        logs = [log for context in ordered for log in context.get(OutputField.TURN_LOG) or []]
+        for turn in retention(logs, truth):
+            read[turn.turn + 1] += turn.read
+            held[turn.turn + 1] += turn.held
+    if not sum(read.values()):
+        return {}
+    metrics = {f"{prefix}/memory_retention/mean": sum(held.values()) / sum(read.values())}
+    metrics |= {f"{prefix}/memory_retention/turn_{n}": held[n] / read[n] for n in sorted(read) if read[n]}
+    return metrics
+
+
+def agent_metrics(
+    extra_fields: Iterable[Mapping], prefix: str = "agent", ground_truths: Sequence[Any] | None = None
+) -> dict[str, float]:
+    """The training step's figures: `extra_fields` of every (non-padding) sample of the batch; with the
+    samples' `ground_truths`, memory retention too."""
+    extra_fields = list(extra_fields)
+    metrics = aggregate([summarise_trajectory(group) for group in group_trajectories(extra_fields)], prefix)
+    if metrics and ground_truths is not None:
+        metrics |= retention_metrics(extra_fields, ground_truths, prefix)
+    return metrics
 
 
 def agent_metrics_by_source(
-    extra_fields: Sequence[Mapping], data_sources: Sequence[str], section: str = "val-aux"
+    extra_fields: Sequence[Mapping],
+    data_sources: Sequence[str],
+    section: str = "val-aux",
+    ground_truths: Sequence[Any] | None = None,
 ) -> dict[str, float]:
     """Validation's figures per data source, named like verl's per-source scores:
     `{section}/{data_source}/agent/...`. `data_sources[i]` is the source of `extra_fields[i]`."""
-    by_source: dict[str, list[Mapping]] = defaultdict(list)
-    for fields_, source in zip(extra_fields, data_sources, strict=True):
-        by_source[str(source)].append(fields_)
+    truths = [None] * len(extra_fields) if ground_truths is None else ground_truths
+    by_source: dict[str, tuple[list[Mapping], list[Any]]] = defaultdict(lambda: ([], []))
+    for fields_, source, truth in zip(extra_fields, data_sources, truths, strict=True):
+        by_source[str(source)][0].append(fields_)
+        by_source[str(source)][1].append(truth)
     metrics: dict[str, float] = {}
-    for source, source_fields in by_source.items():
-        metrics.update(agent_metrics(source_fields, prefix=f"{section}/{source}/agent"))
+    for source, (source_fields, source_truths) in by_source.items():
+        prefix = f"{section}/{source}/agent"
+        metrics.update(agent_metrics(source_fields, prefix, None if ground_truths is None else source_truths))
     return metrics

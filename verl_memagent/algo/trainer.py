@@ -111,6 +111,11 @@ class MultiContextTrainerMixin(UpdateStepsMixin):
         return trajectories
 
 
+def ground_truths(reward_models) -> list:
+    """Each sample's ground truth from verl's `reward_model` column (None where a row has none)."""
+    return [(model or {}).get("ground_truth") if isinstance(model, dict) else None for model in reward_models]
+
+
 class AgentMetricsMixin:
     """Adds what the agent did (`verl_memagent.algo.agent_metrics`) to verl's metrics of every training
     step and validation. Reads `extra_fields` from TransferQueue before verl clears the batch."""
@@ -119,23 +124,25 @@ class AgentMetricsMixin:
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
         keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
         if keys:
-            data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=["extra_fields"])
-            metrics.update(agent_metrics(list(data["extra_fields"])))
+            fields_ = ["extra_fields", "reward_model"]
+            data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields_)
+            metrics.update(agent_metrics(list(data["extra_fields"]), ground_truths=ground_truths(data["reward_model"])))
 
     def _validate(self) -> dict[str, float]:
         fields: list[dict] = []
         sources: list[str] = []
+        truths: list = []
 
         def read(batch: KVBatchMeta) -> None:
-            data = tq.kv_batch_get(
-                keys=batch.keys, partition_id=batch.partition_id, select_fields=["extra_fields", "data_source"]
-            )
+            select = ["extra_fields", "data_source", "reward_model"]
+            data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=select)
             fields.extend(data["extra_fields"])
             sources.extend(data["data_source"])
+            truths.extend(ground_truths(data["reward_model"]))
 
         with reading_validation_batches(self, read):
             val_metrics = super()._validate()
-        return {**val_metrics, **agent_metrics_by_source(fields, sources)}
+        return {**val_metrics, **agent_metrics_by_source(fields, sources, ground_truths=truths)}
 
 
 class TrajectoryRecordsMixin:

@@ -39,6 +39,17 @@ def gold_answers(ground_truth: Any) -> list[str]:
     raise TypeError(f"ground_truth: expected a string or a list of strings, got {type(ground_truth).__name__}")
 
 
+def objective_golds(ground_truth: Any) -> list[list[str]]:
+    """The gold answers of each objective: one list per objective (MEM1's composed tasks), or the row's
+    answers as one objective."""
+    if isinstance(ground_truth, dict):
+        ground_truth = ground_truth["target"]
+    items = [ground_truth] if isinstance(ground_truth, str) else list(ground_truth)
+    if all(isinstance(item, str) for item in items):
+        return [items]
+    return [gold_answers(item) for item in items]
+
+
 def exact_match(prediction: str, golds: Iterable[str]) -> float:
     """1.0 when the normalised prediction equals one normalised gold answer, else 0.0."""
     pred = normalize_answer(prediction)

@@ -29,7 +29,14 @@ from typing import Any
 
 from verl_memagent.grammar import released_verdict
 from verl_memagent.output_fields import FinishReason, OutputField
-from verl_memagent.reward.answers import exact_match, extract_answer, f1_score, gold_answers, split_objectives
+from verl_memagent.reward.answers import (
+    exact_match,
+    extract_answer,
+    f1_score,
+    gold_answers,
+    objective_golds,
+    split_objectives,
+)
 
 FORMAT_ONLY_REWARD = 0.1
 
@@ -93,16 +100,6 @@ def exact_match_score(data_source: str, solution_str: str, ground_truth: Any, ex
     return {"score": em, "em": em, "f1": f1, "has_answer": float(answer is not None)}
 
 
-def _objective_golds(ground_truth: Any) -> list[list[str]]:
-    """N gold lists for an N-objective task; a flat list of strings is one objective."""
-    if isinstance(ground_truth, dict):
-        ground_truth = ground_truth["target"]
-    items = list(ground_truth) if not isinstance(ground_truth, str) else [ground_truth]
-    if all(isinstance(item, str) for item in items):
-        return [items]
-    return [gold_answers(item) for item in items]
-
-
 def multi_objective_em(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs
 ) -> dict:
@@ -110,7 +107,7 @@ def multi_objective_em(
 
     A prediction with fewer parts than objectives scores 0 on the missing ones; extra parts are ignored.
     """
-    objectives = _objective_golds(ground_truth)
+    objectives = objective_golds(ground_truth)
     answer = final_answer(solution_str, extra_info)
     parts = split_objectives(answer) if answer is not None else []
     hits = [exact_match(part, golds) for part, golds in zip(parts, objectives, strict=False)]

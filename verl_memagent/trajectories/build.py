@@ -15,6 +15,7 @@ from typing import Any
 import numpy as np
 
 from verl_memagent.output_fields import OutputField
+from verl_memagent.trajectories.retention import retention
 from verl_memagent.trajectories.schema import CallSpan, ModelCall, Passage, Source, TrajectoryRecord, Turn
 
 
@@ -93,6 +94,8 @@ def build_record(
     final = contexts[-1].extra_fields
     turns: list[Turn] = []
     sampled: list[np.ndarray] = []
+    logs = [log for sample in contexts for log in sample.extra_fields[OutputField.TURN_LOG]]
+    retained = {r.turn: r for r in retention(logs, golden_answers)} if golden_answers is not None else {}
     for context_index, sample in enumerate(contexts):
         # an array: transformers turns it into a list in C, where a list of ints is checked item by item
         token_ids = np.concatenate([np.asarray(sample.prompt_ids, np.int64), np.asarray(sample.response_ids, np.int64)])
@@ -112,6 +115,8 @@ def build_record(
                     search_failed=bool(search and search["failed"]),
                     memory_before=log["memory_before"],
                     memory=log["memory"],
+                    answers_read=retained[len(turns)].read if len(turns) in retained else None,
+                    answers_held=retained[len(turns)].held if len(turns) in retained else None,
                     advantage=_mean(advantages),
                 )
             )

@@ -48,6 +48,7 @@ class SearchLog(TypedDict):
     query: str
     passages: list[PassageRef]  # in the retriever's order; empty when the search failed
     failed: bool
+    text: str  # what the model was shown (the documents as formatted and capped, or the failure message)
 
 
 class TurnLog(TypedDict):
@@ -96,6 +97,10 @@ class Turn(_Record):
     search_failed: bool
     memory_before: str | None
     memory: str | None
+    # memory retention (trajectories/retention.py), on turns that wrote a memory: objectives whose answer
+    # the searches had shown before the memory was written, and how many of them the memory holds
+    answers_read: int | None = None
+    answers_held: int | None = None
     advantage: float | None  # mean over the turn's sampled tokens, as the trainer used them (training only)
 
 

@@ -1,0 +1,89 @@
+"""`benchmarks/papers_claim.py` in little: one memory agent scored, trained one step by verl's real trainer on
+the composed task, scored again, its records resumed and reported. One verl launch (slow tier)."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import papers_claim  # noqa: E402
+
+pytestmark = pytest.mark.slow
+
+TINY_STEP = (
+    "data.train_batch_size=2",
+    "actor_rollout_ref.rollout.n=2",
+    "trainer.total_training_steps=1",
+    "trainer.save_freq=1",
+)
+
+
+def seeded_build(work: Path, model: Path) -> None:
+    """The build with the session's tiny model as every agent's start, so that no warm start runs here."""
+    for piece in ("model", "copy/model", *(f"warm/{agent}/model" for agent in papers_claim.AGENTS)):
+        shutil.copytree(model, work / "build" / piece)
+        marker = work / "build" / piece
+        (marker if piece == "model" else marker.parent).joinpath("complete").touch()
+
+
+@pytest.fixture(scope="module")
+def swept(tmp_path_factory, tiny_model_dir):
+    work = tmp_path_factory.mktemp("papers_claim")
+    seeded_build(work, tiny_model_dir)
+    sizes = {"objectives": (1, 2), "eval_tasks": {"held_out": 2, "unseen": 2}, "rl_overrides": TINY_STEP}
+    sweep = papers_claim.Sweep(work, work / "papers_claim.json", **sizes)
+    try:
+        sweep.prepare()
+        sweep.sweep(seeds=1, agents=("mem1",))
+    finally:
+        sweep.retriever.stop()
+    return work, sweep
+
+
+def test_records_cover_every_cell_with_the_papers_figures(swept):
+    work, sweep = swept
+    records = json.loads((work / "papers_claim.json").read_text())
+    cells = {(r["agent"], r["phase"], r["seed"], r["door_set"], r["objectives"]) for r in records}
+    expected = {
+        ("mem1", phase, seed, door_set, k)
+        for phase, seed in (("before_rl", None), ("after_rl", 0))
+        for door_set in ("held_out", "unseen")
+        for k in (1, 2)
+    }
+    assert cells == expected and len(records) == len(expected)
+    for record in records:
+        assert record["questions"] == 2 and 0 <= record["em"] <= 1
+        assert 0 < record["peak_context_tokens"] <= record["prefill_tokens_per_question"]
+        assert record["cpu"]["model"] and record["warm_start_sha256"] == records[0]["warm_start_sha256"]
+    examples = work / "eval" / "mem1_after_rl_0" / "k2" / "examples.jsonl"
+    assert all(json.loads(line)["golden_answers"].__len__() == 2 for line in examples.read_text().splitlines())
+
+
+def test_the_rl_step_ran_in_verl_and_the_trained_policy_was_scored(swept):
+    work, _ = swept
+    run = work / "rl" / "mem1_seed0"
+    steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+    assert [s["step"] for s in steps if "critic/score/mean" in s["data"]] == [1]
+    assert (run / "checkpoints" / "global_step_1" / "actor" / "huggingface" / "config.json").is_file()
+    summary = json.loads((work / "eval" / "mem1_after_rl_0" / "k1" / "summary.json").read_text())
+    assert str(run / "checkpoints" / "global_step_1") in json.dumps(summary["run"])
+
+
+def test_a_resumed_sweep_runs_no_cell_twice_and_reports(swept, tmp_path, capsys):
+    work, sweep = swept
+    before = (work / "papers_claim.json").read_text()
+    again = papers_claim.Sweep(work, work / "papers_claim.json", objectives=(1, 2), rl_overrides=TINY_STEP)
+    again.retriever = sweep.retriever  # no cell is left, so nothing asks it
+    again.sweep(seeds=1, agents=("mem1",))
+    assert (work / "papers_claim.json").read_text() == before
+    summary = papers_claim.report(json.loads(before), plot_path=tmp_path / "plot.png")
+    out = capsys.readouterr().out
+    assert "| mem1 | before_rl | - |" in out and "| mem1 | after_rl | 1 |" in out
+    assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG" and summary["cpu"]["model"]
