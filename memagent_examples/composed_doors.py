@@ -104,10 +104,12 @@ def make_door_sets(
     )
 
 
-def passage_with(door: Door, filler: str, rng: random.Random) -> str:
-    """The door's title, then the first `PASSAGE_WORDS` words of `filler` with its statement put in
-    before one of its sentences, chosen at random (never after the cut last one)."""
-    text = " ".join(filler.split()[:PASSAGE_WORDS])
+def passage_with(door: Door, filler: str, rng: random.Random, words: int = PASSAGE_WORDS) -> str:
+    """The door's title, then the first `words` words of `filler` with its statement put in before one
+    of its sentences, chosen at random (never after the cut last one); `words` 0: the statement alone."""
+    if words == 0:
+        return door.passage
+    text = " ".join(filler.split()[:words])
     sentences = re.split(r"(?<=[.!?])\s+", text)
     at = rng.randrange(len(sentences))
     body = " ".join([*sentences[:at], door.statement, *sentences[at:]])
@@ -122,7 +124,9 @@ def records(doors: Sequence[Door], prefix: str) -> list[QARecord]:
     ]
 
 
-def write_door_sets(out: Path, tokenizer, base_corpus: Path, seed: int = 0, **sizes) -> DoorSets:
+def write_door_sets(
+    out: Path, tokenizer, base_corpus: Path, seed: int = 0, passage_words: int = PASSAGE_WORDS, **sizes
+) -> DoorSets:
     """Write `corpus.jsonl` (every door's passage, then `base_corpus` as distractors), one FlashRAG file
     `<set>.jsonl` per door set and `doors.json` (every set's doors); `sizes` go to `make_door_sets`."""
     out.mkdir(parents=True, exist_ok=True)
@@ -134,7 +138,7 @@ def write_door_sets(out: Path, tokenizer, base_corpus: Path, seed: int = 0, **si
         for name in SETS:
             doors = sets.of(name)
             for record, door in zip(records(doors, name), doors, strict=True):
-                passage = passage_with(door, rng.choice(fillers), rng)
+                passage = passage_with(door, rng.choice(fillers), rng, passage_words)
                 corpus.write(json.dumps({"id": record.id, "contents": passage}) + "\n")
             with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
                 for record in records(doors, name):
@@ -268,6 +272,7 @@ def main(argv: list[str] | None = None) -> int:
         "--base-corpus", type=Path, required=True, help="passages the statements go into, then distractors"
     )
     task.add_argument("--seed", type=int, default=0)
+    task.add_argument("--passage-words", type=int, default=PASSAGE_WORDS, help="0: each statement alone")
     copy = sub.add_parser("copy-pretrain", help="copy pretraining of a tiny model, the agents' common start")
     copy.add_argument("--model", type=Path, required=True)
     copy.add_argument("--out", type=Path, required=True)
@@ -287,7 +292,8 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "task":
         from transformers import AutoTokenizer
 
-        sets = write_door_sets(args.out, AutoTokenizer.from_pretrained(args.tokenizer), args.base_corpus, args.seed)
+        tokenizer = AutoTokenizer.from_pretrained(args.tokenizer)
+        sets = write_door_sets(args.out, tokenizer, args.base_corpus, args.seed, args.passage_words)
         print(" ".join(f"{name}: {len(sets.of(name))} doors" for name in SETS))
     elif args.command == "copy-pretrain":
         losses = copy_pretrain(args.model, args.out, args.steps, args.seed)

@@ -60,7 +60,7 @@ def test_records_cover_every_cell_with_the_papers_figures(swept):
     assert cells == expected and len(records) == len(expected)
     for record in records:
         assert record["questions"] == 2 and 0 <= record["em"] <= 1
-        assert 0 < record["peak_context_tokens"] <= record["prefill_tokens_per_question"]
+        assert min(record[key] for key in ("peak_context_tokens", "prefill_tokens_per_question", "turns")) > 0
         assert record["cpu"]["model"] and record["warm_start_sha256"] == records[0]["warm_start_sha256"]
     examples = work / "eval" / "mem1_after_rl_0" / "k2" / "examples.jsonl"
     assert all(json.loads(line)["golden_answers"].__len__() == 2 for line in examples.read_text().splitlines())
