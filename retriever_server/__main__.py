@@ -47,8 +47,9 @@ def _parser() -> argparse.ArgumentParser:
         "--query-quantize",
         default="int8",
         choices=QUANTIZE_CHOICES,
-        help="dense: query encoder of CPU servers (int8: several times fp32, kept only where a check "
-        "finds it keeps recall on this corpus; passages are never quantised)",
+        help="dense: query encoder of CPU servers (int8: several times fp32 on CPUs with AVX-512 VNNI, "
+        "kept only where a check finds it keeps recall on this corpus; servers on other CPUs run fp32; "
+        "passages are never quantised)",
     )
     build.add_argument("--threads", type=int, default=os.cpu_count() or 1)
     build.add_argument(

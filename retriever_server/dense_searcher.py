@@ -25,7 +25,8 @@ class DenseSearcher:
     """Encodes queries (on `options.device`) and searches the vector index the meta names; on the
     GPUs, a `flat` index that fits their free memory is searched exactly by a `TorchIndex` over its
     vectors (no faiss-gpu), and a `torch` index that does not fit is a load error that says so.
-    `searched_by` says what searches, and where."""
+    `searched_by` says what searches, and where; `query_encoder` the query encoder's precision and
+    runner, and why they were chosen (the ready line and /health show both)."""
 
     def __init__(self, index_dir: Path, meta: dict, options, num_passages: int):
         on_gpu, kind = _on_gpu(options), meta["index_type"]
@@ -47,10 +48,13 @@ class DenseSearcher:
             self.searched_by = "faiss on cpu"
         if self._index.ntotal != num_passages:
             raise ValueError(f"vector index holds {self._index.ntotal} vectors for {num_passages} passages")
-        self._encoder = _query_encoder(index_dir, meta, _quantize(meta, options, on_gpu), options.device, on_gpu)
+        quantize, why = choose_quantize(meta, options.quantize, on_gpu)
+        self._encoder = _query_encoder(index_dir, meta, quantize, options.device, on_gpu)
         if self._encoder.dim != self._index.dim:
             raise ValueError(f"encoder gives {self._encoder.dim}-d vectors, the index holds {self._index.dim}-d")
         self._batch_size = options.query_batch_size or (64 if self._encoder.device.type == "cpu" else 256)
+        precision = "fp16" if on_gpu else "int8" if quantize == "int8" else "fp32"
+        self.query_encoder = {"precision": precision, "runner": self._encoder.runner, "why": why}
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         return self._index.search(self._encoder.encode_queries(queries, self._batch_size), k)
@@ -71,11 +75,28 @@ def _query_encoder(index_dir: Path, meta: dict, quantize: str, device: str | Non
     return Encoder(spec, device=device, quantize=quantize)
 
 
-def _quantize(meta: dict, options, on_gpu: bool) -> str:
-    """`--quantize` if given, else the index's `query_quantize` on CPU (passages are always fp32)."""
-    if options.quantize is not None:
-        return options.quantize
-    return "none" if on_gpu else meta.get("query_quantize", "none")
+def choose_quantize(meta: dict, asked: str | None, on_gpu: bool) -> tuple[str, str]:
+    """The query encoder's quantisation on this machine ("int8" or "none"), and why. `--quantize`
+    (`asked`) rules; on GPU fp16; on CPU the index's `query_quantize` (int8 where its build found it
+    keeps recall), except that int8 runs only where it is faster than fp32 (`quantize.int8_slow_here`):
+    the serving CPU decides, whatever CPU built the index."""
+    from retriever_server.quantize import int8_slow_here
+
+    if asked is not None:
+        slow = int8_slow_here() if asked == "int8" and not on_gpu else None
+        if slow is not None:
+            warnings.warn(f"--quantize int8 on a CPU where int8 is slower than fp32: {slow}", stacklevel=3)
+        return asked, f"--quantize {asked}"  # int8 on a GPU is refused by the encoder
+    if on_gpu:
+        return "none", "on GPU: fp16"
+    built = meta.get("query_quantize", "none")
+    if built != "int8":
+        lost = "int8_check" in meta  # the check ran and int8 lost recall
+        return "none", "the build's int8 check found int8 loses recall" if lost else f"built --query-quantize {built}"
+    slow = int8_slow_here()
+    if slow is not None:
+        return "none", f"int8 is slower than fp32 here: {slow}"
+    return "int8", "the build's int8 check kept recall, and this CPU runs int8 products in oneDNN (VNNI)"
 
 
 def _gpu_shortfall(rows: int, dim: int) -> str | None:

@@ -7,8 +7,9 @@
 Anything else: mean pooling and normalisation. Batches are formed from texts of the same padded
 length (few pad tokens, vectors independent of the batch), run under `torch.inference_mode`, fp16
 on GPU; on CPU traced to TorchScript, or int8 (`quantize.py`) compiled, several times fp32's speed
-where the index's build found it keeps recall (see `forward_fn`): ahead of time by the build where
-it could (`precompiled.py`, loaded by `Encoder.precompiled` without transformers), else at load.
+where the CPU multiplies int8 in oneDNN and the index's build found it keeps recall (see
+`forward_fn`, `dense_searcher.choose_quantize`): ahead of time by the build where it could
+(`precompiled.py`, loaded by `Encoder.precompiled` without transformers), else at load.
 """
 
 from __future__ import annotations

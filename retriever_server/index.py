@@ -142,7 +142,8 @@ def _query_quantize(
 ) -> dict:
     """The meta's CPU query encoder: int8 where asked and the check finds it keeps recall
     (`int8_check.py`; its figures are stored too), compiled ahead of time for the servers
-    (`precompiled.py`), else fp32 ("none")."""
+    (`precompiled.py`) where int8 is the faster here, else fp32 ("none"). A server still runs fp32
+    where int8 is slower on its CPU (`dense_searcher.choose_quantize`)."""
     if options.query_quantize != "int8":
         return {"query_quantize": options.query_quantize}
     from retriever_server.int8_check import check_int8_queries
@@ -152,13 +153,17 @@ def _query_quantize(
     if not check["kept"]:
         return {"query_quantize": "none", "int8_check": check}
     from retriever_server.precompiled import compile_query_encoder
+    from retriever_server.quantize import int8_slow_here
 
     with progress.phase("compile"):
-        try:
-            compiled = {"precompiled": compile_query_encoder(spec, out_dir)}
-        except Exception as exc:  # servers compile at load instead, as for an index built before
-            print(f"build: the int8 query encoder was not compiled ahead of time: {type(exc).__name__}: {exc}")
-            compiled = {}
+        compiled, slow = {}, int8_slow_here()
+        if slow is not None:  # servers here run fp32; a server on a CPU where int8 is faster compiles at load
+            print(f"build: the int8 query encoder was not compiled: {slow}; servers on this CPU run fp32")
+        else:
+            try:
+                compiled = {"precompiled": compile_query_encoder(spec, out_dir)}
+            except Exception as exc:  # servers compile at load instead, as for an index built before
+                print(f"build: the int8 query encoder was not compiled ahead of time: {type(exc).__name__}: {exc}")
     return {"query_quantize": "int8", "int8_check": check, **compiled}
 
 
@@ -224,7 +229,10 @@ class Searcher:
         if self.kind == "dense":
             dense = self.meta["dense"]
             info.update(
-                index_type=dense["index_type"], encoder=dense["encoder"]["model"], searched_by=self._rows.searched_by
+                index_type=dense["index_type"],
+                encoder=dense["encoder"]["model"],
+                query_encoder=self._rows.query_encoder,
+                searched_by=self._rows.searched_by,
             )
         return info
 

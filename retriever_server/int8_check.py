@@ -1,6 +1,7 @@
 """Does the int8 query encoder keep the fp32 one's recall on this index? Checked when a dense index is
-built, so that the CPU server's int8 default (several times fp32's queries/s) is earned by the model
-at hand, not assumed from another model.
+built, so that the CPU server's int8 default (several times fp32's queries/s where the CPU has
+AVX-512 VNNI; elsewhere servers run fp32, `quantize.int8_slow_here`) is earned by the model at hand,
+not assumed from another model.
 
 Quantising each activation row to 8 bits fails for models whose activations carry outlier channels:
 a few dimensions far larger than the rest set the row's scale and crush the others to zero. With no

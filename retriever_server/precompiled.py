@@ -8,9 +8,11 @@ package (the kernels and the int8 weights in a shared library), checked against 
 batches of other shapes, and stores it in the index beside the tokenizer (a `tokenizers` file). A
 search process loads both in about a second and imports neither transformers nor the checkpoint.
 
-A package runs only where it was built for: the same torch, and a CPU with every vector extension of
-the build machine's (the kernels use them; the int8 weights' range follows VNNI). Elsewhere, or for an
-index built before this, the server compiles at load as before and its log says why.
+A package runs only where it was built for: the same torch, a CPU with every vector extension of the
+build machine's (the kernels use them; the int8 weights' range follows VNNI), and the same int8 matrix
+product (`quantize.int8_matmul`). Elsewhere, or for an index built before this, the server compiles at
+load as before and its log says why. Where int8 is slower than fp32 (`quantize.int8_slow_here`) the
+build compiles nothing and the server runs fp32.
 
 Compiling takes 1-2 minutes on 2 cores, and the package depends only on the model's files, the encoder
 settings, torch and the CPU: a build keeps each package in a cache (`RETRIEVER_COMPILE_CACHE`, default
@@ -37,6 +39,7 @@ from retriever_server.encoders import (
     LastHiddenState,
     close_enough,
 )
+from retriever_server.quantize import cpu_flags, int8_matmul
 
 DIRECTORY = "query_encoder"  # in the index directory
 PACKAGE_FILE, TOKENIZER_FILE = "int8.pt2", "tokenizer.json"
@@ -46,17 +49,14 @@ VECTOR_FLAG_PREFIXES = ("sse", "ssse", "avx", "amx", "fma", "f16c")
 
 def cpu_vector_flags() -> list[str]:
     """The vector-extension flags of this CPU (from /proc/cpuinfo; none where it cannot be read)."""
-    try:
-        lines = Path("/proc/cpuinfo").read_text().splitlines()
-    except OSError:
-        return []
-    flags = next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])
-    return sorted(flag for flag in set(flags) if flag.startswith(VECTOR_FLAG_PREFIXES))
+    return sorted(flag for flag in set(cpu_flags()) if flag.startswith(VECTOR_FLAG_PREFIXES))
 
 
 def machine() -> dict:
-    """What a package depends on besides the model: torch's version and the CPU's vector extensions."""
-    return {"torch": torch.__version__, "cpu_flags": cpu_vector_flags()}
+    """What a package depends on besides the model: torch's version, the CPU's vector extensions, and
+    what multiplies int8 matrices here (`quantize.int8_matmul`): a package is compiled, cached and
+    loaded only where int8 is the faster encoder."""
+    return {"torch": torch.__version__, "cpu_flags": cpu_vector_flags(), "int8_matmul": int8_matmul()}
 
 
 def compile_query_encoder(spec: EncoderSpec, index_dir: Path) -> dict:
@@ -173,6 +173,9 @@ def unfit(stored: dict) -> str | None:
     missing = sorted(set(built["cpu_flags"]) - set(here["cpu_flags"]))
     if missing:
         return f"it was compiled for a CPU with {', '.join(missing)}, which this one lacks"
+    product = built.get("int8_matmul", "onednn")  # packages from before this key: as oneDNN's
+    if product != here["int8_matmul"]:
+        return f"it was compiled where {product} multiplied int8 matrices, here {here['int8_matmul']} does"
     return None
 
 

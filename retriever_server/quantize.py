@@ -4,7 +4,13 @@ torch's dynamic quantisation (`torch.ao.quantization.quantize_dynamic`) takes on
 per call, over the whole batch, on 7 bits: a query's vector then depends on the queries batched with
 it, and recall drops. Here every row gets its own scale on all 8 bits and weights one scale per
 output channel, so a query's vector depends on the query alone and recall stays fp32's.
-The integer products run in `torch._int_mm` (oneDNN), exact in int32.
+The integer products run in `torch._int_mm`, exact in int32.
+
+int8 is faster than fp32 only where `torch._int_mm` runs oneDNN's kernels: torch hands it to oneDNN
+where cpuinfo finds AVX-512 VNNI (and oneDNN is on), and elsewhere (AVX2 CPUs: Zen 2 and 3, Haswell
+to Skylake client, Alder Lake) runs a reference loop, with which the int8 encoder answered 20-40x
+fewer queries/s than fp32 (`benchmarks/RESULTS.md`, "Retriever", "On AVX2 and on AVX-512").
+`int8_slow_here` tells which.
 """
 
 from __future__ import annotations
@@ -39,7 +45,7 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     Weights keep 7 bits on CPUs without VNNI, where int8 products are summed in saturating int16
     pairs (oneDNN's advice); with VNNI nothing saturates and they get all 8.
     """
-    weight_max = 127 if _cpu_has_vnni() else 63
+    weight_max = 127 if any("vnni" in flag for flag in cpu_flags()) else 63
     for module in list(model.modules()):
         for name, child in list(module.named_children()):
             if isinstance(child, torch.nn.Linear):
@@ -47,8 +53,29 @@ def quantize_int8(model: torch.nn.Module) -> torch.nn.Module:
     return model
 
 
-def _cpu_has_vnni() -> bool:
+def int8_matmul() -> str:
+    """What multiplies int8 matrices in this process: "onednn" (VNNI kernels) or "reference" (torch's
+    loop). The inputs of torch's own choice in `_int_mm_out_cpu`: cpuinfo's AVX-512 VNNI and whether
+    oneDNN is available and enabled (`torch.backends.mkldnn`)."""
+    has_vnni = getattr(torch.cpu, "_is_vnni_supported", None)  # cpuinfo's avx512vnni, as torch asks it
+    vnni = has_vnni() if has_vnni is not None else "avx512_vnni" in cpu_flags()
+    onednn = torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled
+    return "onednn" if vnni and onednn else "reference"
+
+
+def int8_slow_here() -> str | None:
+    """Why the int8 query encoder is slower than fp32 in this process, or None where it is faster."""
+    if int8_matmul() == "onednn":
+        return None
+    if not (torch.backends.mkldnn.is_available() and torch.backends.mkldnn.enabled):
+        return "torch's oneDNN is off, so int8 products run torch's reference loop"
+    return "this CPU lacks AVX-512 VNNI, so torch multiplies int8 matrices with its reference loop"
+
+
+def cpu_flags() -> list[str]:
+    """This CPU's flags from /proc/cpuinfo (none where it cannot be read)."""
     try:
-        return "vnni" in Path("/proc/cpuinfo").read_text()
+        lines = Path("/proc/cpuinfo").read_text().splitlines()
     except OSError:
-        return False
+        return []
+    return next((line.split(":", 1)[1].split() for line in lines if line.startswith("flags")), [])

@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -34,6 +35,7 @@ from retriever_server.dense import (
     build_faiss,
     fits_on_gpus,
 )
+from retriever_server.dense_searcher import choose_quantize
 from retriever_server.encoders import (
     BGE_QUERY_INSTRUCTION,
     PAD_MULTIPLE,
@@ -47,7 +49,7 @@ from retriever_server.index import Searcher
 from retriever_server.int8_check import WINDOW_WORDS, pseudo_query
 from retriever_server.options import LoadOptions
 from retriever_server.precompiled import cached_package, machine, model_inputs, unfit
-from retriever_server.quantize import Int8Linear
+from retriever_server.quantize import Int8Linear, cpu_flags, int8_matmul, int8_slow_here
 
 N_QUESTIONS, N_PASSAGES = 40, 300
 
@@ -137,6 +139,38 @@ def test_the_compile_cache_key_follows_the_model_files_and_can_be_turned_off(tmp
     assert cached_package(EncoderSpec(model="intfloat/e5-base-v2")) is None  # a hub name, not files here
     monkeypatch.setenv("RETRIEVER_COMPILE_CACHE", "off")
     assert cached_package(EncoderSpec(model=str(model))) is None
+
+
+def test_int8_is_chosen_by_what_multiplies_int8_matrices_here(tmp_path):
+    """The rule's inputs, no timing: torch runs `_int_mm` in oneDNN where cpuinfo finds AVX-512 VNNI
+    and oneDNN is on, else in a reference loop (20-40x slower than fp32); the flag agrees with
+    /proc/cpuinfo's, and the choice, the compile cache's key and a package's fitness follow it."""
+    assert torch.cpu._is_vnni_supported() == ("avx512_vnni" in cpu_flags())
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    spec = EncoderSpec(model=str(model))
+    built = {"query_quantize": "int8", "int8_check": {"kept": True}}
+    here, key_here = int8_matmul(), cached_package(spec)
+    quantize, why = choose_quantize(built, None, on_gpu=False)
+    assert (quantize == "int8") == (here == "onednn") == (int8_slow_here() is None), why
+    with torch.backends.mkldnn.flags(enabled=False):  # what a CPU without VNNI gets
+        assert int8_matmul() == "reference" and machine()["int8_matmul"] == "reference"
+        assert "reference loop" in int8_slow_here()
+        assert choose_quantize(built, None, on_gpu=False) == (
+            "none",
+            "int8 is slower than fp32 here: torch's oneDNN is off, so int8 products run torch's reference loop",
+        )
+        with pytest.warns(UserWarning, match="--quantize int8 on a CPU where int8 is slower than fp32"):
+            assert choose_quantize(built, "int8", on_gpu=False) == ("int8", "--quantize int8")
+        assert "where onednn multiplied int8 matrices, here reference does" in unfit(
+            {"machine": {**machine(), "int8_matmul": "onednn"}}
+        )
+        assert cached_package(spec) != key_here or here == "reference"  # no package crosses kinds
+    assert choose_quantize(built, None, on_gpu=True) == ("none", "on GPU: fp16")
+    lost = {"query_quantize": "none", "int8_check": {"kept": False}}
+    assert choose_quantize(lost, None, on_gpu=False) == ("none", "the build's int8 check found int8 loses recall")
+    assert choose_quantize({}, None, on_gpu=False) == ("none", "built --query-quantize none")
 
 
 def test_resolve_spec_follows_each_family(minilm_dir):
@@ -307,6 +341,39 @@ def test_the_index_meta_chooses_the_cpu_query_encoder(minilm_dir, subset, torch_
     expected_rows, _ = index.search(compiled, 5)
     rows, _ = searcher.search(texts, 5)
     assert np.mean((rows == expected_rows).all(axis=1)) >= 0.9
+
+
+def _queries_per_second(encoder: Encoder, texts: list[str], batch_size: int) -> float:
+    started = time.perf_counter()
+    encoder.encode_queries(texts, batch_size)
+    return len(texts) / (time.perf_counter() - started)
+
+
+def test_the_query_encoder_chosen_here_is_not_slower_than_fp32(torch_index, minilm_dir, subset):
+    """The load-time choice on this machine, timed against the fp32 encoder in this process (one
+    thread, as a search process on 2 cores; rounds alternated, medians): within noise of fp32 or
+    faster, one query at a time and in batches of 32. Where int8 runs torch's reference loop (oneDNN
+    off stands in for a CPU without VNNI) the choice is the traced fp32 encoder."""
+    texts = [q["question"] for q in subset[1]][:32]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        searcher = Searcher(torch_index, LoadOptions(device="cpu"))
+        chosen, fp32 = searcher._rows._encoder, Encoder(resolve_spec(minilm_dir), device="cpu")
+        rates = {"chosen": {1: [], 32: []}, "fp32": {1: [], 32: []}}
+        for _ in range(5):
+            for name, encoder in (("chosen", chosen), ("fp32", fp32)):
+                rates[name][1].append(_queries_per_second(encoder, texts[:8], 1))
+                rates[name][32].append(_queries_per_second(encoder, texts, 32))
+        for batch in (1, 32):
+            ratio = np.median(rates["chosen"][batch]) / np.median(rates["fp32"][batch])
+            assert ratio >= 0.75, (batch, ratio, rates, searcher.description["query_encoder"])
+        with torch.backends.mkldnn.flags(enabled=False):
+            standin = Searcher(torch_index, LoadOptions(device="cpu")).description["query_encoder"]
+    finally:
+        torch.set_num_threads(threads)
+    assert standin["precision"] == "fp32" and standin["runner"] == "traced", standin
+    assert standin["why"].startswith("int8 is slower than fp32 here"), standin
 
 
 def test_a_precompiled_encoder_runs_only_where_it_was_built_for(torch_index, int8_encoder, subset):
@@ -501,6 +568,10 @@ async def test_dense_server_recall_on_the_imported_flat_index(retriever_server, 
     url = server.url
     health = httpx.get(f"{url}/health").json()
     assert health["index_type"] == "flat" and health["searched_by"] == "faiss on cpu"  # on a GPU: torch, if it fits
+    expected = {"precision": "int8", "runner": "precompiled"} if int8_slow_here() is None else {"precision": "fp32"}
+    assert expected.items() <= health["query_encoder"].items(), health
+    ready = next(line for line in server.log.read_text().splitlines() if "retriever_server: ready" in line)
+    assert f"'query_encoder': {health['query_encoder']}" in ready, ready
     body = {"queries": [q["question"] for q in questions], "topk": 5}
     result = httpx.post(f"{url}/retrieve", json=body, timeout=120).json()["result"]
     recall = np.mean(
