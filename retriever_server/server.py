@@ -46,53 +46,11 @@ def serve(
 ) -> int:
     """Serve `index_dir` until interrupted; returns the process exit code."""
     limits = limits or ServerLimits()
-    load = load or LoadOptions()
     read_meta(index_dir)  # a missing or corrupt index fails here, before anything binds
     state = ServerState(limits)
-    failure: list[str] = []
-
-    def stop(reason: str) -> None:
-        failure.append(reason)
-        server.should_exit = True
-
-    def start_process() -> SearchProcess:
-        return SearchProcess(index_dir, load, warm_up_depth=limits.topk_max)
-
-    pool = SearchPool(start_process, search_processes, crash_window_s=crash_window_s, on_fatal=stop)
-    loading: list[asyncio.Task] = []
-
-    def stop_searching() -> None:
-        """Idempotent: the load cancelled, queries in flight failed, every search process killed."""
-        for task in loading:
-            task.cancel()
-        if state.engine is not None:
-            state.engine.close()
-        pool.close()
-
-    async def load_index() -> None:
-        try:
-            await pool.start()
-            state.store = CorpusStore(Path(index_dir) / "corpus")  # memory-mapped: pages shared with the searchers'
-        except Exception as exc:  # reported when the server has stopped
-            pool.close()
-            stop(str(exc))
-            return
-        state.index = pool.description
-        state.engine = SearchEngine(
-            pool, depth=limits.topk_max, max_batch=max_batch, max_wait_ms=max_wait_ms, cache_size=cache_size
-        )
-        # one write: print() writes the newline apart, and a log line from another thread can land between
-        print(f"retriever_server: ready ({state.index})\n", end="", file=sys.stderr, flush=True)
-
-    @contextlib.asynccontextmanager
-    async def lifespan(app: FastAPI):
-        loading.append(asyncio.get_running_loop().create_task(load_index()))
-        try:
-            yield
-        finally:
-            stop_searching()
-
-    app = create_app(state, lifespan)
+    engine_options = {"max_batch": max_batch, "max_wait_ms": max_wait_ms, "cache_size": cache_size}
+    lifecycle = _Lifecycle(index_dir, state, load or LoadOptions(), search_processes, crash_window_s, engine_options)
+    app = create_app(state, lifecycle.lifespan)
     # proto IPPROTO_TCP: asyncio sets TCP_NODELAY only on sockets that say so (else +40 ms per response)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -107,15 +65,76 @@ def serve(
         timeout_graceful_shutdown=5,
         timeout_keep_alive=limits.keep_alive_s,
     )
-    server = _Server(config, on_shutdown=stop_searching)
+    lifecycle.server = _Server(config, on_shutdown=lifecycle.close)
     if port_file is not None:
         Path(port_file).write_text(str(bound_port))
     print(f"retriever_server: listening on http://{host}:{bound_port}", file=sys.stderr, flush=True)
-    server.run(sockets=[sock])
-    if failure:
-        print(f"retriever_server: cannot serve {index_dir}: {failure[0]}", file=sys.stderr, flush=True)
+    lifecycle.server.run(sockets=[sock])
+    if lifecycle.failure:
+        print(f"retriever_server: cannot serve {index_dir}: {lifecycle.failure}", file=sys.stderr, flush=True)
         return 1
     return 0
+
+
+class _Lifecycle:
+    """The index's life in one server: loaded in its search processes once uvicorn serves (`lifespan`),
+    stopped with a reason when loading fails or the pool gives up (`stop`), and closed as uvicorn's
+    shutdown begins (`close`)."""
+
+    def __init__(
+        self,
+        index_dir: Path,
+        state: ServerState,
+        load: LoadOptions,
+        search_processes: int,
+        crash_window_s: float,
+        engine_options: dict,
+    ):
+        self.index_dir, self.state, self.load_options, self.engine_options = index_dir, state, load, engine_options
+        self.pool = SearchPool(self._start_process, search_processes, crash_window_s=crash_window_s, on_fatal=self.stop)
+        self.server: uvicorn.Server | None = None  # set before it runs: `stop` ends it
+        self.failure = ""  # the first reason the server stopped for, if any
+        self._loading: asyncio.Task | None = None
+
+    def _start_process(self) -> SearchProcess:
+        return SearchProcess(self.index_dir, self.load_options, warm_up_depth=self.state.limits.topk_max)
+
+    def stop(self, reason: str) -> None:
+        """End the server with `reason` (the exit code is then 1)."""
+        self.failure = self.failure or reason
+        self.server.should_exit = True
+
+    async def load(self) -> None:
+        """Start the search processes and open the corpus; then the engine serves and /health says ready."""
+        state = self.state
+        try:
+            await self.pool.start()
+            # memory-mapped: its pages are shared with the search processes'
+            state.store = CorpusStore(Path(self.index_dir) / "corpus")
+        except Exception as exc:  # reported when the server has stopped
+            self.pool.close()
+            self.stop(str(exc))
+            return
+        state.index = self.pool.description
+        state.engine = SearchEngine(self.pool, depth=state.limits.topk_max, **self.engine_options)
+        # one write: print() writes the newline apart, and a log line from another thread can land between
+        print(f"retriever_server: ready ({state.index})\n", end="", file=sys.stderr, flush=True)
+
+    def close(self) -> None:
+        """Idempotent: the load cancelled, queries in flight failed, every search process killed."""
+        if self._loading is not None:
+            self._loading.cancel()
+        if self.state.engine is not None:
+            self.state.engine.close()
+        self.pool.close()
+
+    @contextlib.asynccontextmanager
+    async def lifespan(self, app: FastAPI):
+        self._loading = asyncio.get_running_loop().create_task(self.load())
+        try:
+            yield
+        finally:
+            self.close()
 
 
 class _Server(uvicorn.Server):

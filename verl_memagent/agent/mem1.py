@@ -17,9 +17,8 @@ as text and encodes it whole, as the released inference client did for the relea
 
 from __future__ import annotations
 
-from typing import Any
-
 from verl_memagent.agent.parsing import ActionKind, parse_tag_action
+from verl_memagent.agent.run_state import RunState
 from verl_memagent.agent.settings import PromptStyle
 from verl_memagent.agent.trajectory import Context, Generation, ToolCall, Trajectory, TurnFormat
 from verl_memagent.agent.turns import SearchAgentLoop
@@ -154,7 +153,7 @@ class Mem1AgentLoop(SearchAgentLoop):
         tokens = self.settings.memory_max_tokens if context.memory_truncated else len(self.encode(state))
         return state, tokens
 
-    async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
+    async def rollout(self, trajectory: Trajectory, question: str, run: RunState) -> None:
         if self.settings.prompt_style != PromptStyle.OURS:
             question = released_question(question)
         messages = [{"role": "user", "content": self.prompts.render("user", question=question)}]
@@ -164,7 +163,7 @@ class Mem1AgentLoop(SearchAgentLoop):
         for turn in range(max_turns):
             context = Context(prompt_ids=prompt_ids, memory_tokens=carried_state_tokens, memory_before=carried_state)
             trajectory.contexts.append(context)
-            step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
+            step = await self.act(trajectory, context, run, last_turn=turn == max_turns - 1)
             if step.ended:
                 return None
             generation, (call,), (documents,) = step.generation, step.calls, step.results

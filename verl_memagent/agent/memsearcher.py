@@ -21,9 +21,9 @@ import re
 from collections.abc import Sequence
 from functools import cached_property
 from itertools import chain
-from typing import Any
 
 from verl_memagent.agent.parsing import parse_memory
+from verl_memagent.agent.run_state import RunState
 from verl_memagent.agent.settings import PromptStyle
 from verl_memagent.agent.tool_calls import RELEASED_FORMAT, ToolCallAgentLoop
 from verl_memagent.agent.trajectory import Context, ToolCall, Trajectory, TurnFormat
@@ -91,7 +91,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
         tool_turns = [{"role": "tool", "content": result} for result in results]
         return [*tool_turns, {"role": "user", "content": self.prompts.render("memory_update")}]
 
-    async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
+    async def rollout(self, trajectory: Trajectory, question: str, run: RunState) -> None:
         max_turns = self.settings.max_turns
         memory, memory_tokens = "", 0
         for turn in range(max_turns):
@@ -99,7 +99,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
             context = Context(prompt_ids=prompt_ids, memory_tokens=memory_tokens, memory_before=memory)
             trajectory.contexts.append(context)
 
-            step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
+            step = await self.act(trajectory, context, run, last_turn=turn == max_turns - 1)
             if step.ended:
                 return None
             # the history's text only tells verl's token builder where the new turn starts
@@ -108,7 +108,7 @@ class MemSearcherAgentLoop(ToolCallAgentLoop):
             if not await self.insert_messages(context, history, messages, tools=self.tools):
                 return trajectory.finish(FinishReason.CONTEXT_LIMIT)
 
-            memory_gen = await self.generate(context, sampling_params)
+            memory_gen = await self.generate(context, run)
             if memory_gen is None:
                 return trajectory.finish(FinishReason.CONTEXT_LIMIT)
             new_memory, closed = parse_memory(memory_gen.text, self.tags["memory"])

@@ -14,9 +14,9 @@ With `prompt_style: ours` it is the Search-R1 format: `<search> q </search>`, th
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
 
 from verl_memagent.agent.parsing import Action, parse_tag_action
+from verl_memagent.agent.run_state import RunState
 from verl_memagent.agent.settings import PromptStyle
 from verl_memagent.agent.tool_calls import RELEASED_FORMAT, ToolCallAgentLoop
 from verl_memagent.agent.trajectory import Context, ToolCall, Trajectory, TurnFormat
@@ -48,7 +48,7 @@ class ReactAgentLoop(ToolCallAgentLoop):
             return super().parse_action(text)
         return parse_tag_action(text, self.tags["search"], self.tags["answer"])
 
-    async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
+    async def rollout(self, trajectory: Trajectory, question: str, run: RunState) -> None:
         user = {"role": "user", "content": self.prompts.render("user", question=question)}
         if self.released:
             messages = [{"role": "system", "content": self.prompts.render("system")}, user]
@@ -59,7 +59,7 @@ class ReactAgentLoop(ToolCallAgentLoop):
         trajectory.contexts.append(context)
         max_turns = self.settings.max_turns
         for turn in range(max_turns):
-            step = await self.act(trajectory, context, sampling_params, last_turn=turn == max_turns - 1)
+            step = await self.act(trajectory, context, run, last_turn=turn == max_turns - 1)
             if step.ended:
                 return None
             last = turn + 2 == max_turns

@@ -1,15 +1,14 @@
-"""The turn machinery the three agents share, as verl's `AgentLoopBase`: generation, search, limits,
-the step every turn takes (`act`) and the outputs.
+"""The turn machinery the three agents share, as verl's `AgentLoopBase`: generation, search, limits
+and the step every turn takes (`act`).
 
-The trajectory's data (contexts, generations, calls) is plain data in `agent/trajectory.py`. Each
-finished context becomes one `AgentLoopOutput` (one training sample) carrying the trajectory id and
-turn index the per-turn estimators group by.
+The trajectory's data (contexts, generations, calls) is plain data in `agent/trajectory.py`, what one
+run carries to its generate calls is `agent/run_state.py`'s, and `agent/outputs.py` makes each finished
+context one `AgentLoopOutput` (one training sample).
 """
 
 from __future__ import annotations
 
 import asyncio
-import hashlib
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -17,15 +16,17 @@ from functools import cache, lru_cache
 from typing import Any, ClassVar
 
 import httpx
-from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopMetrics, AgentLoopOutput
+from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
 from verl.utils.tokenizer.chat_template import initialize_turn_separator
 
+from verl_memagent.agent.outputs import agent_outputs
+from verl_memagent.agent.run_state import RunState
 from verl_memagent.agent.settings import AgentSettings, ByValue, MemoryOverflow, parsed_settings
 from verl_memagent.agent.trajectory import Context, Generation, Step, ToolCall, Trajectory, TurnFormat, question_of
 from verl_memagent.grammar import closing
-from verl_memagent.output_fields import CallFinish, FinishReason, OutputField
+from verl_memagent.output_fields import CallFinish, FinishReason
 from verl_memagent.search import Document, RetrieverClient, RetrieverError, format_documents
-from verl_memagent.trajectories.schema import CallSpan, PassageRef, SearchLog, TurnLog
+from verl_memagent.trajectories.schema import CallSpan, PassageRef, SearchLog
 
 logger = logging.getLogger(__name__)
 
@@ -136,19 +137,14 @@ class SearchAgentLoop(AgentLoopBase):
     async def run(self, sampling_params: dict[str, Any], **kwargs) -> list[AgentLoopOutput] | AgentLoopOutput:
         """verl's entry point: play one trajectory for a dataset row (`kwargs`) and return its outputs."""
         trajectory = Trajectory(question=question_of(kwargs))
-        self._request_id = trajectory.id
-        self._priority = int(kwargs.get("priority", 0))
-        self._calls = 0
-        self._seed_parts = None
-        if self.settings.sampling_seed is not None:  # the call's place in the run, for `call_seed`
-            row = kwargs.get("index", kwargs.get("extra_info", {}).get("index"))
-            self._seed_parts = (self.settings.sampling_seed, kwargs.get("global_steps"), row, kwargs.get("session_id"))
-        await self.rollout(trajectory, trajectory.question, dict(sampling_params))
+        run = RunState.of_row(trajectory.id, sampling_params, self.settings.sampling_seed, kwargs)
+        await self.rollout(trajectory, trajectory.question, run)
         outputs = self.outputs(trajectory)
         return outputs if self.one_output_per_context else outputs[0]
 
-    async def rollout(self, trajectory: Trajectory, question: str, sampling_params: dict[str, Any]) -> None:
-        """Play one trajectory, appending its contexts and calling `trajectory.finish`."""
+    async def rollout(self, trajectory: Trajectory, question: str, run: RunState) -> None:
+        """Play one trajectory, appending its contexts and calling `trajectory.finish`; every generate
+        call goes with `run`."""
         raise NotImplementedError
 
     # ---- shared steps -----------------------------------------------------------------------------
@@ -217,21 +213,18 @@ class SearchAgentLoop(AgentLoopBase):
         context.add_inserted(list(ids))
         return True
 
-    async def generate(self, context: Context, sampling_params: dict[str, Any]) -> Generation | None:
+    async def generate(self, context: Context, run: RunState) -> Generation | None:
         """Sample a continuation of the whole context; None when the context or response cap is reached."""
         budget = min(self.settings.max_new_tokens, self.room(context))
         if budget < 1:
             return None
-        params = {**sampling_params, "max_tokens": budget, "stop": self.stop}
-        if self._seed_parts is not None:
-            params["seed"] = call_seed(*self._seed_parts, self._calls)
-        self._calls += 1
+        params = run.next_call(budget, self.stop)
         start = time.perf_counter()
         output = await self.server_manager.generate(
-            request_id=self._request_id,
+            request_id=run.request_id,
             prompt_ids=context.token_ids,
             sampling_params=params,
-            priority=self._priority,
+            priority=run.priority,
         )
         context.generate_s += time.perf_counter() - start
         context.prefill_tokens += context.length
@@ -252,13 +245,11 @@ class SearchAgentLoop(AgentLoopBase):
         context.calls.append(CallSpan(start=start, end=context.length, finish=finish))
         return generation
 
-    async def act(
-        self, trajectory: Trajectory, context: Context, sampling_params: dict[str, Any], last_turn: bool
-    ) -> Step:
+    async def act(self, trajectory: Trajectory, context: Context, run: RunState, last_turn: bool) -> Step:
         """The step every agent's turn takes: generate the action, let `calls_to_run` decide what the turn
         runs (ending the trajectory where it ends here) and run it. A step without calls has ended the
         trajectory (`context_limit` when the context had no room to generate)."""
-        generation = await self.generate(context, sampling_params)
+        generation = await self.generate(context, run)
         if generation is None:
             trajectory.finish(FinishReason.CONTEXT_LIMIT)
             return Step(generation)
@@ -332,71 +323,9 @@ class SearchAgentLoop(AgentLoopBase):
     # ---- outputs ----------------------------------------------------------------------------------
 
     def outputs(self, trajectory: Trajectory) -> list[AgentLoopOutput]:
-        """One AgentLoopOutput per context, in turn order, all tagged with trajectory id and turn index."""
-        outputs = []
-        for context in trajectory.contexts:
-            if not context.response_ids:  # the server returned no token: verl needs one position for the reward
-                context.add_inserted(list(self.turn_close_ids[-1:] or [self.tokenizer.eos_token_id]))
-        final = trajectory.contexts[-1].response_ids
-        final_response = self.tokenizer.decode(final, skip_special_tokens=True)
-        for index, context in enumerate(trajectory.contexts):
-            extra_fields = {
-                **context.server_fields,
-                OutputField.TRAJECTORY_ID: trajectory.id,
-                OutputField.TURN_INDEX: index,
-                OutputField.NUM_CONTEXTS: len(trajectory.contexts),
-                OutputField.AGENT_NAME: self.agent,
-                OutputField.FINISH_REASON: trajectory.finish_reason,
-                OutputField.PENALISED: trajectory.penalised,
-                OutputField.FINAL_RESPONSE: final_response,
-                OutputField.FINAL_ANSWER: trajectory.answer.answer if trajectory.answer else None,
-                OutputField.FINAL_FORMAT_OK: bool(trajectory.answer and trajectory.answer.format_ok),
-                OutputField.CONTEXT_TOKENS: context.length,
-                OutputField.PROMPT_TOKENS: len(context.prompt_ids),
-                OutputField.PREFILL_TOKENS: context.prefill_tokens,
-                OutputField.MEMORY_TOKENS: context.memory_tokens,
-                OutputField.MEMORY_TRUNCATED: context.memory_truncated,
-                OutputField.MEMORY_WRITTEN: context.memory_written,
-                OutputField.TURNS: 1 if self.one_output_per_context else context.generate_calls,
-                OutputField.GENERATE_S: context.generate_s,
-                OutputField.SEARCH_S: context.search_s,
-                OutputField.SEARCHES: context.searches,
-                OutputField.RETRIEVER_ERRORS: context.retriever_errors,
-                OutputField.TURN_SCORES: [],
-                OutputField.TOOL_REWARDS: [],
-                OutputField.QUESTION: trajectory.question,
-                OutputField.TURN_LOG: self.turn_log(context),
-            }
-            metrics = AgentLoopMetrics(generate_sequences=context.generate_s, tool_calls=context.search_s)
-            outputs.append(
-                AgentLoopOutput(
-                    prompt_ids=context.prompt_ids,
-                    response_ids=context.response_ids,
-                    response_mask=context.response_mask,
-                    response_logprobs=context.response_logprobs or None,
-                    num_turns=1 + context.generate_calls + context.searches,
-                    metrics=metrics,
-                    extra_fields=extra_fields,
-                )
-            )
-        return outputs
-
-    def turn_log(self, context: Context) -> list[TurnLog]:
-        """The turns of one context: one holding all its calls (memsearcher, mem1), or one per call (react);
-        a search belongs to the turn of the call before it, the memory to the context's last turn."""
-        calls = context.calls
-        groups = [list(range(len(calls)))] if self.one_output_per_context else [[i] for i in range(len(calls))]
-        groups = groups or [[]]  # no call at all: the context had no room left
-        searches = {made - 1: search for made, search in context.search_log}
-        return [
-            TurnLog(
-                calls=[calls[i] for i in members],
-                search=next((searches[i] for i in members if i in searches), None),
-                memory_before=context.memory_before,
-                memory=context.memory if number == len(groups) - 1 else None,
-            )
-            for number, members in enumerate(groups)
-        ]
+        """One AgentLoopOutput per context, in turn order (`agent.outputs`)."""
+        end_ids = self.turn_close_ids[-1:] or [self.tokenizer.eos_token_id]
+        return agent_outputs(trajectory, self.agent, self.tokenizer, end_ids, self.one_output_per_context)
 
 
 def _merge_server_fields(fields: dict[str, Any], new: dict[str, Any]) -> None:
@@ -405,9 +334,3 @@ def _merge_server_fields(fields: dict[str, Any], new: dict[str, Any]) -> None:
         fields["min_global_steps"] = new["min_global_steps"]
     if "max_global_steps" in new:
         fields["max_global_steps"] = new["max_global_steps"]
-
-
-def call_seed(*parts: Any) -> int:
-    """A 31-bit seed from the parts' values, the same in every process and Python run."""
-    digest = hashlib.sha256(repr(tuple(str(part) for part in parts)).encode()).digest()
-    return int.from_bytes(digest[:4], "little") & 0x7FFFFFFF

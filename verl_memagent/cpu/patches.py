@@ -21,7 +21,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 
-from verl_memagent.cpu import topology
 from verl_memagent.import_hooks import when_imported
 
 #: the verl release every patch below was written against: its `expects` texts are from that source
@@ -110,6 +109,8 @@ def require_ray_cpus(transfer_queue_conf) -> None:
             "cpu platform: verl's workers request Ray GPUs (single_controller/ray/base.py:146); start Ray with "
             "logical ones: +ray_kwargs.ray_init.num_gpus=<trainer.n_gpus_per_node * trainer.nnodes>"
         )
+    from verl_memagent.cpu import topology  # not at import: the plugin imports this module in every verl process
+
     # the budget of the logical GPUs Ray has (`topology.ray_cpus_needed`)
     gpus, storage = int(resources["GPU"]), topology.storage_units_of(transfer_queue_conf)
     needed, how = topology.ray_cpus_needed(gpus, storage), topology.describe_ray_cpus(gpus, storage)
