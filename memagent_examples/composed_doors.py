@@ -170,13 +170,17 @@ def composed_texts(model: ModelFormat, doors: Sequence[Door]) -> list[str]:
 
 
 def demonstration_scripts(
-    model: ModelFormat, doors: Sequence[Door], tasks_per_objective: int, seed: int = 0
+    model: ModelFormat,
+    doors: Sequence[Door],
+    tasks_per_objective: int,
+    seed: int = 0,
+    objectives: Sequence[int] = DEMO_OBJECTIVES,
 ) -> list[tuple[str, list[str]]]:
-    """(question, texts) of `tasks_per_objective` composed questions for each k in `DEMO_OBJECTIVES`."""
+    """(question, texts) of `tasks_per_objective` composed questions for each k in `objectives`."""
     by_id = {record.id: door for record, door in zip(records(doors, "demos"), doors, strict=True)}
     pool = list(records(doors, "demos"))
     scripts = []
-    for k in DEMO_OBJECTIVES:
+    for k in objectives:
         for row in compose_multi_objective(pool, k, seed=seed + k, num_tasks=tasks_per_objective):
             task_doors = [by_id[i] for i in row["extra_info"]["id"].split("+")]
             scripts.append((row["extra_info"]["question"], composed_texts(model, task_doors)))
@@ -222,6 +226,7 @@ def warm_start_agent(
     lr: float = 1e-3,
     batch_size: int = 8,
     seed: int = 0,
+    objectives: Sequence[int] = DEMO_OBJECTIVES,
 ) -> list[float]:
     """`steps` supervised steps of `model_dir` (copy-pretrained) on `agent`'s demonstrations of the
     demonstration doors, played through the real agent loop against the real retriever; saved to `out`
@@ -237,7 +242,8 @@ def warm_start_agent(
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     model_type = model.config.model_type
     model_format = agent_format(agent, tokenizer, model_type, agent_loops_yaml, retriever_url)
-    scripts = demonstration_scripts(model_format, read_door_sets(task_dir).demos, tasks_per_objective, seed)
+    demos = read_door_sets(task_dir).demos
+    scripts = demonstration_scripts(model_format, demos, tasks_per_objective, seed, objectives)
     samples = asyncio.run(
         scripted_samples(
             agent,
@@ -254,7 +260,7 @@ def warm_start_agent(
         model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16, unpadded=True
     )
     inputs = {"agent": agent, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size}
-    inputs |= {"tasks_per_objective": tasks_per_objective, "objectives": list(DEMO_OBJECTIVES)}
+    inputs |= {"tasks_per_objective": tasks_per_objective, "objectives": list(objectives)}
     record = build_record(inputs, contexts_digest(samples[:64]))
     model.save_pretrained(out)
     tokenizer.save_pretrained(out)
@@ -287,6 +293,12 @@ def main(argv: list[str] | None = None) -> int:
     warm.add_argument("--agent-loops", required=True, help="agent-loop YAML with the agent's entry")
     warm.add_argument("--steps", type=int, default=400)
     warm.add_argument("--tasks-per-objective", type=int, default=256)
+    warm.add_argument(
+        "--objectives",
+        type=lambda text: [int(k) for k in text.split(",")],
+        default=list(DEMO_OBJECTIVES),
+        help="objectives per demonstrated question, a comma list",
+    )
     warm.add_argument("--seed", type=int, default=0)
     args = parser.parse_args(argv)
     if args.command == "task":
@@ -309,6 +321,7 @@ def main(argv: list[str] | None = None) -> int:
             args.steps,
             args.tasks_per_objective,
             seed=args.seed,
+            objectives=args.objectives,
         )
         print(
             f"{args.agent} warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}"

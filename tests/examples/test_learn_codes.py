@@ -365,3 +365,18 @@ def test_follow_says_a_step_is_running_while_none_arrives(capsys):
     lines = capsys.readouterr().out.splitlines()
     assert lines[0].startswith("  training: step 1 running (")
     assert lines[-1] == "step   1  reward 0.500  answered 1.00  searches 1.00  (9.0 s)"
+
+
+def test_unpadded_steps_take_the_padded_batchs_loss(tiny_model_dir):
+    """One sample at a time without padding is the same mean over the batch's labelled tokens."""
+    generator = torch.Generator().manual_seed(2)
+    samples = []
+    for length in (12, 40, 25):
+        ids = torch.randint(0, 4096, (length,), generator=generator).tolist()
+        samples.append((ids, [IGNORE] * (length // 2) + ids[length // 2 :]))
+    losses = {}
+    for unpadded in (False, True):
+        model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+        run = {"steps": 2, "lr": 1e-3, "batch_size": 3, "pad_token_id": 0, "unpadded": unpadded}
+        losses[unpadded] = supervised_steps(model, samples, **run)
+    assert losses[True] == pytest.approx(losses[False], rel=1e-4)
