@@ -227,10 +227,12 @@ def warm_start_agent(
     batch_size: int = 8,
     seed: int = 0,
     objectives: Sequence[int] = DEMO_OBJECTIVES,
+    checkpoint_every: int = 0,
 ) -> list[float]:
     """`steps` supervised steps of `model_dir` (copy-pretrained) on `agent`'s demonstrations of the
     demonstration doors, played through the real agent loop against the real retriever; saved to `out`
-    with its build record. The same steps, lr and batch for every agent."""
+    with its build record. The same steps, lr and batch for every agent. `checkpoint_every` > 0 also
+    saves the model every that many steps to `out/step_N`, to find where a warm start starts to read."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -256,15 +258,32 @@ def warm_start_agent(
             retriever_urls=retriever_url,
         )
     )
-    losses = supervised_steps(
-        model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16, unpadded=True
-    )
     inputs = {"agent": agent, "seed": seed, "steps": steps, "lr": lr, "batch_size": batch_size}
     inputs |= {"tasks_per_objective": tasks_per_objective, "objectives": list(objectives)}
-    record = build_record(inputs, contexts_digest(samples[:64]))
-    model.save_pretrained(out)
-    tokenizer.save_pretrained(out)
-    (out / "build.json").write_text(json.dumps({**record, "samples": len(samples)}, indent=2) + "\n")
+    record = {**build_record(inputs, contexts_digest(samples[:64])), "samples": len(samples)}
+
+    def save(to: Path, steps_done: int) -> None:
+        model.save_pretrained(to)
+        tokenizer.save_pretrained(to)
+        (to / "build.json").write_text(json.dumps({**record, "inputs": {**inputs, "steps": steps_done}}, indent=2))
+
+    def checkpoint(step: int) -> None:
+        if checkpoint_every and step % checkpoint_every == 0:
+            save(out / f"step_{step}", step)
+
+    losses = supervised_steps(
+        model,
+        samples,
+        steps,
+        lr,
+        batch_size,
+        tokenizer.pad_token_id,
+        seed,
+        copy_rows=16,
+        after_step=checkpoint,
+        unpadded=True,
+    )
+    save(out, steps)
     return losses
 
 
@@ -300,6 +319,7 @@ def main(argv: list[str] | None = None) -> int:
         help="objectives per demonstrated question, a comma list",
     )
     warm.add_argument("--seed", type=int, default=0)
+    warm.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps, to OUT/step_N")
     args = parser.parse_args(argv)
     if args.command == "task":
         from transformers import AutoTokenizer
@@ -322,6 +342,7 @@ def main(argv: list[str] | None = None) -> int:
             args.tasks_per_objective,
             seed=args.seed,
             objectives=args.objectives,
+            checkpoint_every=args.checkpoint_every,
         )
         print(
             f"{args.agent} warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}"

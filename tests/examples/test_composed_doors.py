@@ -21,6 +21,7 @@ from memagent_examples.composed_doors import (
     demonstration_scripts,
     make_door_sets,
     read_door_sets,
+    warm_start_agent,
     write_door_sets,
 )
 from memagent_examples.scripted import ScriptedPolicy
@@ -130,3 +131,15 @@ def test_demonstrations_cover_each_objective_count_in_the_agents_format(task, to
         assert question.startswith(TASK_PREFIX) and question.count("What is the password") == k
         assert len(texts) == k + 1 and all("<search>" in text for text in texts[:-1]) and "<answer>" in texts[-1]
     assert scripts == demonstration_scripts(model, sets.demos, tasks_per_objective=3, seed=0)
+
+
+def test_warm_start_trains_on_the_loops_samples_and_checkpoints(task, tiny_model_dir, tmp_path):
+    task_dir, _, url = task
+    out = tmp_path / "warm"
+    settings = {"tasks_per_objective": 2, "objectives": (1, 2), "checkpoint_every": 1}
+    losses = warm_start_agent("react", tiny_model_dir, out, task_dir, url, str(AGENT_LOOPS), 2, **settings)
+    assert len(losses) == 2 and all(loss > 0 for loss in losses)
+    for saved, steps in ((out / "step_1", 1), (out / "step_2", 2), (out, 2)):
+        record = json.loads((saved / "build.json").read_text())
+        assert (saved / "model.safetensors").is_file() and record["inputs"]["steps"] == steps
+        assert record["inputs"]["agent"] == "react" and record["samples"] == 4  # react: one sample a trajectory
