@@ -4,7 +4,6 @@ has one line per death and per restart; a crash loop stops the server with its c
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -12,8 +11,7 @@ import time
 
 import httpx
 import pytest
-
-NUMPY_BM25 = ("--bm25-backend", "numpy")  # starts at once (numba compiles for tens of seconds)
+from retriever_process import NUMPY_BM25
 
 
 def wait_until(condition, timeout_s: float = 60.0, every_s: float = 0.02) -> None:
@@ -32,11 +30,6 @@ def event_lines(server) -> list[str]:
     log = server.log.read_text().splitlines()
     assert not [line for line in log if "Traceback" in line or "never retrieved" in line], log
     return [line for line in log if " died " in line or " restarted " in line]
-
-
-@pytest.fixture(scope="module")
-def questions(data_dir):
-    return [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
 
 
 def test_an_idle_search_process_killed_is_restarted(retriever_server, bm25_index_dir):
