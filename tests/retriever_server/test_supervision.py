@@ -148,6 +148,58 @@ def test_a_stop_ends_every_process_of_the_server_within_a_second(bm25_index_dir,
     assert "cannot serve" not in server.log.read_text()
 
 
+@pytest.fixture(scope="module")
+def dense_index_dir(tmp_path_factory, data_dir, minilm_dir):
+    """A MiniLM torch index of the corpus' first 50 passages: small, but its search processes load torch
+    and the encoder, the load whose orphans #37 fixed."""
+    import subprocess
+
+    from retriever_process import build_command
+
+    work = tmp_path_factory.mktemp("dense_stop")
+    corpus = work / "corpus.jsonl"
+    corpus.write_text("".join((data_dir / "corpus.jsonl").read_text(encoding="utf-8").splitlines(True)[:50]))
+    command = build_command("dense", corpus, work / "index", "--encoder", minilm_dir, "--index-type", "torch")
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return work / "index"
+
+
+def _loads_torch(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return "libtorch" in maps.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_while_the_dense_encoder_loads_leaves_no_process(dense_index_dir, data_dir, stop):
+    """The group stopped while both search processes are loading torch and the query encoder: every
+    process ends by the signal within a second, none is restarted, and the log holds no traceback."""
+    from retriever_process import ServerProcess, serve_command
+
+    command = serve_command(dense_index_dir, "--search-processes", "2")
+    server = ServerProcess(command, cwd=data_dir.parent, ready=False, own_session=True)
+    try:
+        wait_until(lambda: len(server.search_pids()) == 2, timeout_s=60, every_s=0.005)
+        wait_until(lambda: all(_loads_torch(pid) for pid in server.search_pids()), timeout_s=60, every_s=0.005)
+        assert "ready" not in server.log.read_text()
+        sent = time.monotonic()
+        os.killpg(server.process.pid, stop)
+        wait_until(lambda: not server.session_pids(), timeout_s=10, every_s=0.01)
+        took = time.monotonic() - sent
+        time.sleep(0.5)  # a process restarted late would show up here
+        assert not server.session_pids()
+    finally:
+        if server.process.poll() is None:
+            os.killpg(server.process.pid, signal.SIGKILL)
+    assert took < STOP_WITHIN_S, f"stopped in {took:.2f} s"
+    assert server.process.returncode == -stop
+    assert event_lines(server) == []
+    assert "cannot serve" not in server.log.read_text()
+
+
 def _post_quietly(url: str, queries: list[str]) -> None:
     """A request the stop cuts short: how it ends is not the test's business."""
     with contextlib.suppress(httpx.HTTPError):
