@@ -38,10 +38,12 @@ class TrajectoryLayout:
 
     @property
     def num_trajectories(self) -> int:
+        """Trajectories of the batch (the padding slot not counted)."""
         return self.group.numel()
 
     @property
     def num_groups(self) -> int:
+        """Prompt groups of the batch."""
         return int(self.group.max()) + 1 if self.group.numel() else 0
 
     @classmethod
