@@ -24,7 +24,8 @@ from verl.protocol import DataProto
 from verl.trainer.ppo.core_algos import compute_gae_advantage_return
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
-from verl_memagent.algo.estimators import TrajectoryLayout, grpo_row_advantages, multi_context_gae, multi_context_grpo
+from verl_memagent.algo.estimators import TrajectoryLayout, grpo_row_advantages, multi_context_grpo
+from verl_memagent.algo.gae import multi_context_gae
 
 SESSIONS = 5
 

@@ -104,6 +104,31 @@ def retriever_server():
 
 
 @pytest.fixture(scope="session")
+def retriever_url(retriever_server, bm25_index_dir) -> str:
+    """A real BM25 retriever over the bundled corpus, shared by every test whose agent loops search (a test
+    that takes its server down starts its own with `retriever_server`)."""
+    return retriever_server(bm25_index_dir).url
+
+
+@pytest.fixture(scope="session")
+def make_trainer_config():
+    """`make_trainer_config(**rollout)`: verl's own PPO trainer config, the rollout's prompt and response
+    lengths 4096 and 2048 unless given (`agent.verl_trainer_config`); a fresh config each call."""
+    from verl_memagent.agent import verl_trainer_config
+
+    def make(**rollout):
+        return verl_trainer_config(**{"prompt_length": 4096, "response_length": 2048, **rollout})
+
+    return make
+
+
+@pytest.fixture(scope="session")
+def trainer_config(make_trainer_config):
+    """verl's config the agent loops are built with (`make_trainer_config`'s defaults), shared read-only."""
+    return make_trainer_config()
+
+
+@pytest.fixture(scope="session")
 def local_ray():
     """One local Ray for the whole session, with one logical GPU for verl's workers. Never restarted:
     after `ray.shutdown`, Ray's native threads can outlive the session they served, and a process that

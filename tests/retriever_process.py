@@ -13,6 +13,7 @@ import atexit
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import sys
 import tempfile
@@ -20,6 +21,9 @@ import time
 from pathlib import Path
 
 from verl_memagent.search.endpoint import RetrieverUnavailable, retriever_health
+
+#: serve BM25 with numpy scoring: starts at once (numba compiles for tens of seconds)
+NUMPY_BM25 = ("--bm25-backend", "numpy")
 
 
 def build_command(kind: str, corpus: str | os.PathLike, out: str | os.PathLike, *args: str) -> list[str]:
@@ -120,6 +124,11 @@ class ServerProcess:
         The sum of each process's own peak: an upper bound of their peak together, which also counts
         the memory-mapped pages both read twice."""
         return round(sum(_status_kb(pid, "VmHWM") for pid in _with_descendants(self.process.pid)) / 1024, 1)
+
+    def connect(self, timeout_s: float = 10.0) -> socket.socket:
+        """A raw TCP connection to the server, for tests that write HTTP by hand."""
+        host, port = self.url.removeprefix("http://").split(":")
+        return socket.create_connection((host, int(port)), timeout=timeout_s)
 
     def stop(self) -> None:
         if self.process.poll() is None:

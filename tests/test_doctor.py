@@ -1,11 +1,7 @@
-import http.server
 import socket
 import subprocess
 import sys
-import threading
 from pathlib import Path
-
-import pytest
 
 from verl_memagent.doctor import run_doctor
 
@@ -42,27 +38,9 @@ def test_broken_plugin_makes_the_cli_fail(tmp_path: Path):
     assert "Traceback" in done.stdout
 
 
-@pytest.fixture
-def health_server():
-    class Health(http.server.BaseHTTPRequestHandler):
-        def do_GET(self):
-            body = b'{"status": "ok"}' if self.path == "/health" else b"{}"
-            self.send_response(200 if self.path == "/health" else 404)
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Health)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{server.server_address[1]}"
-    server.shutdown()
-
-
-def test_retriever_health_is_checked(health_server):
-    report = run_doctor(retriever=health_server)
-    assert any("answers {'status': 'ok'}" in line for line in report.lines)
+def test_retriever_health_is_checked(retriever_url):
+    report = run_doctor(retriever=retriever_url)
+    assert any(f"{retriever_url}/health answers {{'status': 'ready'" in line for line in report.lines)
     assert not any("retriever" in reason for reason in report.failures)
 
 

@@ -212,3 +212,33 @@ def test_the_checks_find_a_hidden_cycle_and_a_forbidden_import(tmp_path):
         "verl_memagent.search.client imports verl_memagent.agent",
         "verl_memagent.search.client imports verl_memagent.agent.turns",
     ]
+
+
+#: the most lines a module, class or function of verl_memagent may have: past them it holds two subjects
+MAX_LINES = {"module": 350, "class": 250, "function": 80}
+
+
+def oversized(path: Path) -> list[str]:
+    """`kind name: lines` of the module at `path` and of its classes and functions over `MAX_LINES`."""
+    text = path.read_text(encoding="utf-8")
+    found = [f"module: {len(text.splitlines())}"] if len(text.splitlines()) > MAX_LINES["module"] else []
+    for node in ast.walk(ast.parse(text)):
+        kind = {ast.ClassDef: "class", ast.FunctionDef: "function", ast.AsyncFunctionDef: "function"}.get(type(node))
+        if kind and (lines := node.end_lineno - node.lineno + 1) > MAX_LINES[kind]:
+            found.append(f"{kind} {node.name}: {lines}")
+    return found
+
+
+def test_the_size_check_sees_a_long_function(tmp_path):
+    long = tmp_path / "long.py"
+    long.write_text("def f():\n" + "    x = 1\n" * 80)
+    assert oversized(long) == ["function f: 81"]
+
+
+def test_no_module_class_or_function_of_the_plugin_is_oversized():
+    found = {
+        str(path.relative_to(REPO)): sizes
+        for path in sorted((REPO / "verl_memagent").rglob("*.py"))
+        if (sizes := oversized(path))
+    }
+    assert found == {}, f"split along the subjects (limits {MAX_LINES}): {found}"

@@ -32,8 +32,7 @@ from typing import Any
 import torch
 from verl.workers.rollout.replica import TokenOutput
 
-#: vLLM treats temperatures below this as greedy (vllm/sampling_params.py `_SAMPLING_EPS`).
-GREEDY_EPS = 1e-5
+from verl_memagent.hf_sampling import BatchSampler
 
 _KNOWN_KEYS = frozenset(
     {
@@ -282,7 +281,7 @@ class HFGenerator:
             input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
             position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
             seen = [torch.tensor(r.prompt_ids, device=device) for r in batch]  # for the repetition penalty
-            sampler = _BatchSampler(batch, device)
+            sampler = BatchSampler(batch, device)
             past = None
             for _ in range(max(r.max_tokens for r in batch)):
                 out = self.model(
@@ -313,51 +312,3 @@ class HFGenerator:
             request.finish_reason = "stop"
         elif len(request.token_ids) >= request.max_tokens:
             request.finish_reason = "length"
-
-
-class _BatchSampler:
-    """Per-row sampling with vLLM's order: repetition penalty, temperature, top-k, top-p, then sample."""
-
-    def __init__(self, batch: list[_Request], device: torch.device) -> None:
-        self.batch = batch
-        self.greedy = torch.tensor([r.temperature < GREEDY_EPS for r in batch], device=device)
-        self.temperature = torch.tensor([max(r.temperature, GREEDY_EPS) for r in batch], device=device)[:, None]
-        self.top_k = torch.tensor([r.top_k if r.top_k > 0 else -1 for r in batch], device=device)
-        self.top_p = torch.tensor([r.top_p for r in batch], device=device)[:, None]
-        self.penalty = [r.repetition_penalty for r in batch]
-
-    def sample(
-        self, logits: torch.Tensor, seen: list[torch.Tensor], default_generator: torch.Generator
-    ) -> tuple[torch.Tensor, torch.Tensor]:
-        """Return the sampled token of each row and its processed log-probability."""
-        for row, penalty in enumerate(self.penalty):
-            if penalty != 1.0:
-                ids = seen[row].unique()
-                values = logits[row, ids]
-                logits[row, ids] = torch.where(values > 0, values / penalty, values * penalty)
-        greedy_logp = torch.log_softmax(logits, dim=-1)
-        greedy_tokens = logits.argmax(dim=-1)
-
-        processed = self._top_k_top_p(logits / self.temperature)
-        logp = torch.log_softmax(processed, dim=-1)
-        probs = logp.exp()
-        sampled = torch.empty_like(greedy_tokens)
-        for row, request in enumerate(self.batch):
-            if self.greedy[row]:
-                sampled[row] = greedy_tokens[row]
-            else:
-                generator = request.generator or default_generator
-                sampled[row] = torch.multinomial(probs[row].cpu(), 1, generator=generator).item()
-        chosen = torch.where(self.greedy[:, None], greedy_logp, logp)
-        return sampled, chosen.gather(-1, sampled[:, None]).squeeze(-1)
-
-    def _top_k_top_p(self, logits: torch.Tensor) -> torch.Tensor:
-        """Mask logits outside each row's top-k, then outside its nucleus of mass top-p (at least one kept)."""
-        sorted_logits, order = logits.sort(dim=-1, descending=True)
-        rank = torch.arange(logits.shape[-1], device=logits.device)[None, :]
-        k = torch.where(self.top_k > 0, self.top_k, logits.shape[-1])[:, None]
-        sorted_logits = sorted_logits.masked_fill(rank >= k, float("-inf"))
-        probs = sorted_logits.softmax(dim=-1)
-        mass_before = probs.cumsum(dim=-1) - probs
-        sorted_logits = sorted_logits.masked_fill((mass_before >= self.top_p) & (rank > 0), float("-inf"))
-        return torch.full_like(logits, float("-inf")).scatter(-1, order, sorted_logits)

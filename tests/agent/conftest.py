@@ -1,4 +1,4 @@
-"""Fixtures of the agent-loop tests: a real BM25 retriever server over the bundled corpus, verl's config."""
+"""Fixtures of the agent-loop tests (the retriever and verl's config are the root conftest's)."""
 
 from __future__ import annotations
 
@@ -10,23 +10,10 @@ from agent_helpers import OURS, QUESTION
 FIXTURES = Path(__file__).parent / "fixtures"
 
 
-@pytest.fixture(scope="session")
-def retriever_url(retriever_server, bm25_index_dir):
-    """A real BM25 retriever over the bundled corpus, shared by the agent tests."""
-    return retriever_server(bm25_index_dir).url
-
-
 @pytest.fixture
 def own_retriever(retriever_server, bm25_index_dir):
     """A retriever process of this test alone, so the test may take it down (`.stop()`)."""
     return retriever_server(bm25_index_dir)
-
-
-@pytest.fixture(scope="session")
-def trainer_config():
-    from verl_memagent.agent import verl_trainer_config
-
-    return verl_trainer_config(prompt_length=4096, response_length=2048)
 
 
 @pytest.fixture

@@ -66,7 +66,15 @@ def test_memory_parsing():
     assert parse_memory("no tag here") == (None, False)
 
 
-REASONS = {"no_action", "unclosed_tag", "search_and_answer", "empty_query", "empty_answer", "bad_tool_call"}
+REASONS = {
+    "no_action",
+    "unclosed_tag",
+    "search_and_answer",
+    "several_calls",
+    "empty_query",
+    "empty_answer",
+    "bad_tool_call",
+}
 PIECES = st.sampled_from(
     ["<search>", "</search>", "<answer>", "</answer>", "<tool_call>", "</tool_call>", "\\boxed{", "}", "{", '"', ":"]
     + ['{"name": "wikipedia_search", "arguments": {"query": ', '"Leda"', " ", "x", "<think>", "</think>", "\n"]

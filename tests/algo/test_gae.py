@@ -8,7 +8,8 @@ from algo_batches import verl_gae_on_one_sequence
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_gae
+from verl_memagent.algo.estimators import TrajectoryLayout
+from verl_memagent.algo.gae import multi_context_gae
 
 
 def _two_turns(values_turn0, values_turn1, reward=1.0):

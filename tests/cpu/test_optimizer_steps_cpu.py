@@ -70,12 +70,11 @@ def taught_model(tiny_model_dir: Path, out: Path, loops_yaml: Path, retriever_ur
 
 
 @pytest.fixture(scope="module")
-def run(tmp_path_factory, tiny_model_dir, retriever_server, bm25_index_dir, data_dir):
+def run(tmp_path_factory, tiny_model_dir, retriever_url, data_dir):
     work = tmp_path_factory.mktemp("optimizer_steps")
-    url = retriever_server(bm25_index_dir).url
     questions = [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
     loops = agent_loops_yaml(work / "agent_loops.yaml")
-    model = taught_model(tiny_model_dir, work / "model", loops, url, questions[:16])
+    model = taught_model(tiny_model_dir, work / "model", loops, retriever_url, questions[:16])
     train = work / "train.parquet"
     command = [sys.executable, "-m", "verl_memagent.cli", "prepare", "--agent", "memsearcher", "--limit", "8"]
     subprocess.run([*command, "--input", str(data_dir / "qa_multihop.jsonl"), "--out", str(train)], check=True)
@@ -108,7 +107,7 @@ def run(tmp_path_factory, tiny_model_dir, retriever_server, bm25_index_dir, data
         f"trainer.default_local_dir={work / 'checkpoints'}",
     ]
     env = {**os.environ, "VERL_PLATFORM": "cpu", "VERL_FILE_LOGGER_PATH": str(work / "metrics.jsonl")}
-    env["MEMAGENT_RETRIEVER_URL"] = url
+    env["MEMAGENT_RETRIEVER_URL"] = retriever_url
     done = subprocess.run(main_ppo, cwd=work, env=env, capture_output=True, text=True, timeout=900)
     assert done.returncode == 0, (done.stdout + done.stderr)[-8000:]
     return work

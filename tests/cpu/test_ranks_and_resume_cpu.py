@@ -162,23 +162,22 @@ def kill_while_checkpointing(process: subprocess.Popen, checkpoints: Path, step:
 
 
 @pytest.fixture(scope="module", params=["memsearcher", "mem1"])
-def runs(request, tmp_path_factory, tiny_model_dir, retriever_server, bm25_index_dir, data_dir):
+def runs(request, tmp_path_factory, tiny_model_dir, retriever_url, data_dir):
     agent = request.param
     root = tmp_path_factory.mktemp(f"ranks_{agent}")
     data = prepare_data(agent, data_dir, root / "data", rows=ROWS[agent])
     loops = scripted_loops(root / "agent_loops.yaml")
-    url = retriever_server(bm25_index_dir).url
     overrides = [*COMMON, *SIZES[agent]]
     if agent == "mem1":
         overrides.append(f"critic.model.path={critic_start(tiny_model_dir, root / 'critic_start')}")
 
     one = root / "one_rank"
     one.mkdir()
-    finish(launch(agent, recipe_env(tiny_model_dir, data, one, url, loops, ranks=1), one, *overrides), one)
+    finish(launch(agent, recipe_env(tiny_model_dir, data, one, retriever_url, loops, ranks=1), one, *overrides), one)
 
     two = root / "two_ranks"
     two.mkdir()
-    env = recipe_env(tiny_model_dir, data, two, url, loops, ranks=2)
+    env = recipe_env(tiny_model_dir, data, two, retriever_url, loops, ranks=2)
     kill_while_checkpointing(launch(agent, env, two, *overrides), two / "checkpoints", step=3)
     killed = {
         "tracker": (two / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip(),

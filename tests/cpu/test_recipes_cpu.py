@@ -117,18 +117,15 @@ def two_node_cluster():
 
 
 @pytest.fixture(scope="module")
-def memsearcher_gpu_script_run(
-    tmp_path_factory, local_ray, tiny_model_dir, retriever_server, bm25_index_dir, data_dir
-) -> dict:
+def memsearcher_gpu_script_run(tmp_path_factory, local_ray, tiny_model_dir, retriever_url, data_dir) -> dict:
     """The MemSearcher GPU script submitted to a two-node cluster (hf): its work dir, log and retriever.
     The cluster lives for this run only, so that no other test's Ray can find it; the session's local
     Ray runs beside it, as another Ray of the machine may (the cluster must not need its ports)."""
     work = tmp_path_factory.mktemp("memsearcher_hf")
-    url = retriever_server(bm25_index_dir).url
     with two_node_cluster() as address:
         env = {"RAY_ADDRESS": address, "NNODES": "2", "RAY_AUTH_MODE": "disabled"}
-        log = run_gpu_script("memsearcher", work, tiny_model_dir, data_dir, url, ranks=1, **env)
-    return {"work": work, "log": log, "url": url}
+        log = run_gpu_script("memsearcher", work, tiny_model_dir, data_dir, retriever_url, ranks=1, **env)
+    return {"work": work, "log": log, "url": retriever_url}
 
 
 @pytest.mark.timeout(1800)  # a vLLM engine's start took 9 minutes on a loaded 2-core machine
@@ -137,10 +134,10 @@ def memsearcher_gpu_script_run(
     [("react", "hf"), ("mem1", "vllm"), ("react", "vllm")],
 )
 def test_recipe_trains_two_steps_on_two_ranks(
-    agent, backend, recipe_cache, tmp_path, tiny_model_dir, retriever_server, bm25_index_dir, data_dir
+    agent, backend, recipe_cache, tmp_path, tiny_model_dir, retriever_url, data_dir
 ):
     if backend == "hf":
-        log = run_gpu_script(agent, tmp_path, tiny_model_dir, data_dir, retriever_server(bm25_index_dir).url)
+        log = run_gpu_script(agent, tmp_path, tiny_model_dir, data_dir, retriever_url)
     else:
         log = run_cpu_recipe_through_vllm(agent, tmp_path, recipe_cache)
     assert_trained_two_steps(tmp_path, log, backend, ESTIMATOR[agent], ranks=2)

@@ -1,4 +1,4 @@
-"""Fixtures of the eval tests: a real BM25 retriever over the bundled corpus, the eval CLI as a function."""
+"""Fixtures of the eval tests: the eval CLI as a function, vLLM's server (the retriever is the root conftest's)."""
 
 from __future__ import annotations
 
@@ -7,18 +7,13 @@ from eval_helpers import eval_argv, read_outputs
 
 
 @pytest.fixture(scope="session")
-def eval_retriever_url(retriever_server, bm25_index_dir) -> str:
-    return retriever_server(bm25_index_dir).url
-
-
-@pytest.fixture(scope="session")
-def run_eval_cli(data_dir, eval_retriever_url, tmp_path_factory):
+def run_eval_cli(data_dir, retriever_url, tmp_path_factory):
     """`run(*backend_args, concurrency=N) -> (out_dir, summary, examples)` of one `verl-memagent eval` call."""
     from verl_memagent.cli import main
 
     def run(*backend: str, concurrency: int) -> tuple:
         out = tmp_path_factory.mktemp("eval")
-        assert main(eval_argv(data_dir, eval_retriever_url, out, *backend, concurrency=concurrency)) == 0
+        assert main(eval_argv(data_dir, retriever_url, out, *backend, concurrency=concurrency)) == 0
         return (out, *read_outputs(out))
 
     return run

@@ -140,7 +140,7 @@ def test_every_trajectory_is_recorded_with_the_training_schema(in_process):
 
 
 def test_a_seeded_sampled_eval_draws_the_same_samples_at_any_concurrency(
-    data_dir, eval_retriever_url, tiny_model_dir, tmp_path
+    data_dir, retriever_url, tiny_model_dir, tmp_path
 ):
     from verl_memagent.cli import main
 
@@ -150,7 +150,7 @@ def test_a_seeded_sampled_eval_draws_the_same_samples_at_any_concurrency(
         out = tmp_path / f"{concurrency}{''.join(seed)}"
         argv = ["eval", "--agent", "memsearcher", "--data", f"one={questions}", "--data", f"two={questions}"]
         argv += ["--limit", "3", "--max-turns", "2", "--max-new-tokens", "16", "--temperature", "1", *seed]
-        argv += ["--retriever", eval_retriever_url, "--concurrency", str(concurrency), "--out", str(out)]
+        argv += ["--retriever", retriever_url, "--concurrency", str(concurrency), "--out", str(out)]
         assert main([*argv, "--model", str(tiny_model_dir)]) == 0
         _, examples = read_outputs(out)
         return {(e["dataset"], e["id"]): [c["response_ids"] for c in e["contexts"]] for e in examples}

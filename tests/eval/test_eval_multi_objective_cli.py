@@ -17,7 +17,7 @@ TASKS, SEED = 2, 3
 
 
 @pytest.fixture(scope="module")
-def run(data_dir, eval_retriever_url, tiny_model_dir, tmp_path_factory):
+def run(data_dir, retriever_url, tiny_model_dir, tmp_path_factory):
     from verl_memagent.cli import main
 
     work = tmp_path_factory.mktemp("multi_objective")
@@ -27,7 +27,7 @@ def run(data_dir, eval_retriever_url, tiny_model_dir, tmp_path_factory):
     argv = ["eval", *(arg for agent in AGENTS for arg in ("--agent", agent))]
     argv += ["--data", f"composed={source}", "--data", f"prepared={parquet}"]
     argv += ["--objectives", "2", "--num-tasks", str(TASKS), "--seed", str(SEED)]
-    argv += ["--model", str(tiny_model_dir), "--retriever", eval_retriever_url, "--out", str(work / "eval")]
+    argv += ["--model", str(tiny_model_dir), "--retriever", retriever_url, "--out", str(work / "eval")]
     assert main([*argv, "--max-turns", "2", "--max-new-tokens", "16", "--concurrency", "4"]) == 0
     return read_outputs(work / "eval")
 

@@ -52,10 +52,10 @@ async def evaluate_one(agent: str, policy, tokenizer, retriever_url: str, out, r
 
 
 @pytest.mark.parametrize("agent", sorted(SCRIPTS))
-async def test_scores_and_turn_tokens_of_a_known_trajectory(agent, tokenizer, eval_retriever_url, tmp_path):
+async def test_scores_and_turn_tokens_of_a_known_trajectory(agent, tokenizer, retriever_url, tmp_path):
     script, (em, f1, acc) = SCRIPTS[agent]
     policy = ScriptedPolicy(tokenizer, script)
-    summary = await evaluate_one(agent, policy, tokenizer, eval_retriever_url, tmp_path)
+    summary = await evaluate_one(agent, policy, tokenizer, retriever_url, tmp_path)
     ends = [len(call["prompt_ids"]) + len(call["token_ids"]) for call in policy.calls]
     # a turn's context ends with its last call: memsearcher's first turn is the search and the memory rewrite
     turn_tokens = [ends[1], ends[2]] if agent == "memsearcher" else ends
@@ -81,12 +81,12 @@ async def test_scores_and_turn_tokens_of_a_known_trajectory(agent, tokenizer, ev
     assert summary["plot"]["lines"][agent]["mean"] == turn_tokens
 
 
-async def test_a_two_objective_task_sums_em_over_objectives(tokenizer, eval_retriever_url, tmp_path):
+async def test_a_two_objective_task_sums_em_over_objectives(tokenizer, retriever_url, tmp_path):
     (row,) = compose_multi_objective([RECORD, RECORD2], 2, split="test", num_tasks=1)
     parts = {"director": "The director", "Italy": "Rome Italy"}  # EM 1 and 0; F1 1 and 2/3; both contain the gold
     answer = "; ".join(parts[golds[0]] for golds in row["reward_model"]["ground_truth"])
     policy = ScriptedPolicy(tokenizer, [MEM1[0], f"<IS>Both found.</IS><answer>{answer}</answer>"])
-    summary = await evaluate_one("mem1", policy, tokenizer, eval_retriever_url, tmp_path, row=row)
+    summary = await evaluate_one("mem1", policy, tokenizer, retriever_url, tmp_path, row=row)
     (example,) = [json.loads(line) for line in (tmp_path / "examples.jsonl").read_text().splitlines()]
     assert example["golden_answers"] == [list(golds) for golds in row["reward_model"]["ground_truth"]]
     assert example["question"] == row["extra_info"]["question"]

@@ -45,13 +45,10 @@ def scripted(agent: str, tokenizer, retriever_url: str):
 
 
 @pytest.mark.parametrize("agent", ["memsearcher", "react"])
-async def test_sessions_play_two_one_and_no_searches_and_earn_different_rewards(
-    agent, tokenizer, retriever_server, bm25_index_dir
-):
-    url = retriever_server(bm25_index_dir).url
+async def test_sessions_play_two_one_and_no_searches_and_earn_different_rewards(agent, tokenizer, retriever_url):
     rewards, contexts = [], []
     for session in range(3):
-        outputs = await scripted(agent, tokenizer, url).run(verl_sampling_params(), session_id=session, **ROW)
+        outputs = await scripted(agent, tokenizer, retriever_url).run(verl_sampling_params(), session_id=session, **ROW)
         outputs = outputs if isinstance(outputs, list) else [outputs]
         final = outputs[-1].extra_fields
         contexts.append(len(outputs))
@@ -61,11 +58,12 @@ async def test_sessions_play_two_one_and_no_searches_and_earn_different_rewards(
     assert rewards == [1.0, 0.1, 1.0]  # right, wrong but well-formed, right
 
 
-async def test_mem1_answers_some_objectives_right(tokenizer, retriever_server, bm25_index_dir):
-    url = retriever_server(bm25_index_dir).url
+async def test_mem1_answers_some_objectives_right(tokenizer, retriever_url):
     scores = []
     for session in range(3):
-        outputs = await scripted("mem1", tokenizer, url).run(verl_sampling_params(), session_id=session, **TASK)
+        outputs = await scripted("mem1", tokenizer, retriever_url).run(
+            verl_sampling_params(), session_id=session, **TASK
+        )
         final = outputs[-1].extra_fields
         golds = TASK["reward_model"]["ground_truth"]
         scores.append(multi_objective_em("leda", final["final_response"], golds, extra_info=dict(final))["score"])

@@ -139,13 +139,6 @@ CONTEXT_KEYS = {
 CONTEXT_SETTINGS = {"memory_max_tokens", "memory_overflow", "prompts", "tags"}
 
 
-@pytest.fixture(scope="module")
-def trainer_config():
-    from verl_memagent.agent import verl_trainer_config
-
-    return verl_trainer_config(prompt_length=4096, response_length=2048)
-
-
 def _flat(config, prefix: str = "") -> dict:
     from omegaconf import OmegaConf
 

@@ -15,9 +15,9 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from retriever_process import NUMPY_BM25
 
 # numba scoring (the default) compiles for tens of seconds at start-up; tested once, in-process
-NUMPY_BM25 = ("--bm25-backend", "numpy")
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +31,6 @@ def uncached(retriever_server, bm25_index_dir):
 @pytest.fixture(scope="module")
 def uncached_url(uncached):
     return uncached.url
-
-
-@pytest.fixture(scope="module")
-def questions(data_dir):
-    return [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
 
 
 async def test_hundreds_of_concurrent_requests_equal_sequential_answers(uncached_url, questions):

@@ -8,6 +8,7 @@ import time
 
 import httpx
 import pytest
+from retriever_process import NUMPY_BM25
 
 LIMITS = (
     "--max-queries",
@@ -30,12 +31,7 @@ HEAD = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\
 
 @pytest.fixture(scope="module")
 def server(retriever_server, bm25_index_dir):
-    return retriever_server(bm25_index_dir, "--bm25-backend", "numpy", *LIMITS)
-
-
-def connect(server) -> socket.socket:
-    host, port = server.url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=10)
+    return retriever_server(bm25_index_dir, *NUMPY_BM25, *LIMITS)
 
 
 def until_closed(connection: socket.socket) -> bytes:
@@ -69,7 +65,7 @@ def test_more_queries_than_the_limit_is_a_422_naming_the_flag(server):
 
 
 def test_a_declared_body_over_the_limit_is_refused_unread(server):
-    with connect(server) as connection:
+    with server.connect() as connection:
         connection.sendall(HEAD + b"Content-Length: 5000\r\n\r\n")  # and no body
         status, body = status_and_body(until_closed(connection))
     assert status == 413 and "5000 bytes, over the limit of 4096 (--max-body-bytes)" in body
@@ -79,7 +75,7 @@ def test_a_chunked_body_is_refused_once_over_the_limit(server):
     """No length declared: the server reads it up to the limit, answers, and closes the connection
     without waiting for the rest (the chunked body never ends here)."""
     chunk = b"400\r\n" + b'{"queries": ["' + b"x" * (1024 - 14) + b"\r\n"
-    with connect(server) as connection:
+    with server.connect() as connection:
         connection.sendall(HEAD + b"Transfer-Encoding: chunked\r\n\r\n" + chunk * 5)
         status, body = status_and_body(until_closed(connection))
     assert status == 413 and "over the limit of 4096 bytes (--max-body-bytes)" in body
@@ -93,7 +89,7 @@ def test_a_chunked_body_is_refused_once_over_the_limit(server):
     ],
 )
 def test_a_head_over_the_limits_is_a_431(server, extra, detail):
-    with connect(server) as connection:
+    with server.connect() as connection:
         connection.sendall(HEAD + extra + b"Content-Length: 2\r\n\r\n{}")
         status, body = status_and_body(until_closed(connection))
     assert status == 431 and detail in body
@@ -101,7 +97,7 @@ def test_a_head_over_the_limits_is_a_431(server, extra, detail):
 
 def test_a_head_that_never_ends_is_cut_off_bounded(server):
     """Sent in pieces, never finished: counted as it arrives, refused at the limit."""
-    with connect(server) as connection:
+    with server.connect() as connection:
         connection.sendall(HEAD + b"X-Endless: ")
         for _ in range(8):
             time.sleep(0.05)
@@ -116,11 +112,11 @@ def test_slow_and_silent_connections_are_closed_after_the_header_timeout(server)
     """100 connections stopping halfway through their heads, 10 trickling a byte every 0.2 s, 10
     sending nothing: all closed (408) within the 1 s header timeout, while others are served."""
     before = httpx.get(f"{server.url}/stats").json()["head_timeouts"]
-    stalled = [connect(server) for _ in range(100)]
+    stalled = [server.connect() for _ in range(100)]
     for connection in stalled:
         connection.sendall(HEAD[:30])
-    trickling = [connect(server) for _ in range(10)]
-    silent = [connect(server) for _ in range(10)]
+    trickling = [server.connect() for _ in range(10)]
+    silent = [server.connect() for _ in range(10)]
     for byte in HEAD[:10]:  # a byte every 0.2 s: 2 s in all
         for connection in trickling:
             if not answered(connection):
@@ -135,7 +131,7 @@ def test_slow_and_silent_connections_are_closed_after_the_header_timeout(server)
 
 
 def test_a_stalled_body_is_closed_after_the_body_timeout_with_one_log_line(server):
-    with connect(server) as connection:
+    with server.connect() as connection:
         connection.sendall(HEAD + b"Content-Length: 100\r\n\r\n" + b'{"queries":')
         status, body = status_and_body(until_closed(connection))
     assert status == 408 and "body: no byte for 1 s (--body-timeout-s)" in body
@@ -147,7 +143,7 @@ def test_a_stalled_body_is_closed_after_the_body_timeout_with_one_log_line(serve
 def test_an_idle_connection_is_closed_after_the_keep_alive_timeout(server):
     """Answered and kept alive, then closed once idle past --keep-alive-s (1 s here, 5 s by default)."""
     body = b'{"queries": ["Toto"]}'
-    with connect(server) as connection:
+    with server.connect() as connection:
         connection.sendall(HEAD + b"Content-Length: %d\r\n\r\n" % len(body) + body)
         answer = b""
         while b"\r\n\r\n" not in answer or not answer.endswith(b"}]]}"):

@@ -10,8 +10,7 @@ import time
 
 import httpx
 import pytest
-
-NUMPY_BM25 = ("--bm25-backend", "numpy")
+from retriever_process import NUMPY_BM25
 
 
 @pytest.fixture(scope="module")
@@ -31,11 +30,6 @@ def big_request(server, data_dir) -> bytes:
     return head.encode() + b"Connection: close\r\n\r\n" + body
 
 
-def connect(server) -> socket.socket:
-    host, port = server.url.removeprefix("http://").split(":")
-    return socket.create_connection((host, int(port)), timeout=300)
-
-
 def read_all(connection: socket.socket, into: list[bytes]) -> None:
     while chunk := connection.recv(1 << 20):
         into.append(chunk)
@@ -49,7 +43,7 @@ def test_health_and_small_requests_are_answered_while_a_large_answer_is_sent(ser
     with httpx.Client(base_url=server.url, timeout=60) as client:
         client.post("/retrieve", json=small)
         received: list[bytes] = []
-        with connect(server) as connection:
+        with server.connect(timeout_s=300) as connection:
             reader = threading.Thread(target=read_all, args=(connection, received))
             started = time.perf_counter()
             connection.sendall(big_request)
@@ -75,7 +69,7 @@ def test_clients_that_never_read_large_answers_cost_bounded_memory(server, big_r
     """20 clients ask for the 78 MB answer and read none of it: held whole, 1.5 GB; in pieces the
     server holds a piece and a socket buffer for each, and goes on answering."""
     rss_before = server.rss_mb()
-    connections = [connect(server) for _ in range(20)]
+    connections = [server.connect(timeout_s=300) for _ in range(20)]
     for connection in connections:
         connection.sendall(big_request)
     time.sleep(3)  # the answers are built until each connection's buffers are full

@@ -21,19 +21,14 @@ import json
 
 import pytest
 import requests
+from retriever_process import NUMPY_BM25
 
-NUMPY_BM25 = ("--bm25-backend", "numpy")
 TOTO = "Jeff Porcaro drummer Toto"
 
 
 @pytest.fixture(scope="module")
 def url(retriever_server, bm25_index_dir):
     return retriever_server(bm25_index_dir, *NUMPY_BM25).url
-
-
-@pytest.fixture(scope="module")
-def questions(data_dir):
-    return [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
 
 
 def search_r1_turn(url: str, queries: list[str], topk: int = 3) -> list[str]:

@@ -11,17 +11,12 @@ import time
 
 import httpx
 import pytest
-from retriever_process import ServerProcess, build_command, serve_command
+from retriever_process import NUMPY_BM25, ServerProcess, build_command, serve_command
 
 from retriever_server.pyserini_index import lucene_indexer_command
 
 pytestmark = pytest.mark.slow  # JVMs: three Lucene builds and five servers, about 1.5 min of CPU
 TOP = 3
-
-
-@pytest.fixture(scope="module")
-def questions(data_dir) -> list[str]:
-    return [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
 
 
 @pytest.fixture(scope="module")
@@ -43,7 +38,7 @@ def test_lucene_ranks_as_bm25s_does_with_pyserinis_parameters(
     rest differ in tokenisation: Lucene's English analyser against bm25s's stemmer and stop words)."""
     lucene = retriever_server(lucene_index)
     assert httpx.get(f"{lucene.url}/health").json()["kind"] == "pyserini"
-    bm25 = retriever_server(bm25_index_dir, "--bm25-backend", "numpy")
+    bm25 = retriever_server(bm25_index_dir, *NUMPY_BM25)
     lucene_ids, bm25_ids = top_ids(lucene.url, questions), top_ids(bm25.url, questions)
     assert all(len(ids) == TOP for ids in lucene_ids)
     identical = sum(a == b for a, b in zip(lucene_ids, bm25_ids, strict=True)) / len(questions)

@@ -5,9 +5,9 @@ import json
 import httpx
 import numpy as np
 import pytest
+from retriever_process import NUMPY_BM25
 
 # numba scoring (the default) compiles for tens of seconds at start-up; tested once, in-process
-NUMPY_BM25 = ("--bm25-backend", "numpy")
 
 
 @pytest.fixture(scope="module")
@@ -18,11 +18,6 @@ def bm25_url(retriever_server, bm25_index_dir):
 @pytest.fixture(scope="module")
 def corpus(data_dir):
     return [json.loads(line) for line in (data_dir / "corpus.jsonl").read_text(encoding="utf-8").splitlines()]
-
-
-@pytest.fixture(scope="module")
-def questions(data_dir):
-    return [json.loads(line) for line in (data_dir / "qa_multihop.jsonl").read_text(encoding="utf-8").splitlines()]
 
 
 def test_retrieve_with_scores_is_search_r1_shaped_and_sorted(bm25_url, corpus):
@@ -119,14 +114,14 @@ def test_known_item_recall_at_1(bm25_url, corpus):
     assert hits / len(rows) >= 0.95
 
 
-def test_supporting_passage_recall_on_multihop_questions(bm25_url, questions):
-    queries = [q["question"] for q in questions]
+def test_supporting_passage_recall_on_multihop_questions(bm25_url, multihop_rows):
+    queries = [q["question"] for q in multihop_rows]
     result = httpx.post(f"{bm25_url}/retrieve", json={"queries": queries, "topk": 10}, timeout=60).json()["result"]
     recall = {}
     for k in (3, 10):
         found = [
             len(set(q["supporting_ids"]) & {h["id"] for h in r[:k]}) / len(q["supporting_ids"])
-            for q, r in zip(questions, result, strict=True)
+            for q, r in zip(multihop_rows, result, strict=True)
         ]
         recall[k] = float(np.mean(found))
     assert recall[3] >= 0.45 and recall[10] >= 0.6, recall
@@ -263,7 +258,7 @@ def test_the_streaming_build_writes_the_files_bm25s_writes(tmp_path, data_dir, q
             theirs = slice(*ref["indptr"][ref_vocab[term] : ref_vocab[term] + 2])
             np.testing.assert_array_equal(streamed["indices"][ours], ref["indices"][theirs])
             np.testing.assert_array_equal(streamed["data"][ours], ref["data"][theirs])
-    queries = [q["question"] for q in questions[:100]]
+    queries = questions[:100]
     for backend in ("numpy", "numba"):
         rows, scores = BM25Index(tmp_path / "streamed", len(store), backend=backend).search(queries, 10)
         ref_rows, ref_scores = BM25Index(tmp_path / "reference", len(store), backend=backend).search(queries, 10)
@@ -274,7 +269,7 @@ def test_the_streaming_build_writes_the_files_bm25s_writes(tmp_path, data_dir, q
 def test_numba_scoring_answers_like_numpy(bm25_index_dir, questions):
     from retriever_server.bm25 import BM25Index
 
-    queries = [q["question"] for q in questions[:50]] + ["", "zzqx unknownword"]
+    queries = questions[:50] + ["", "zzqx unknownword"]
     numpy_rows, numpy_scores = BM25Index(bm25_index_dir / "bm25", 14230, backend="numpy").search(queries, 10)
     numba_rows, numba_scores = BM25Index(bm25_index_dir / "bm25", 14230, backend="numba").search(queries, 10)
     np.testing.assert_allclose(numba_scores, numpy_scores, rtol=1e-5)

@@ -4,7 +4,6 @@ has one line per death and per restart; a crash loop stops the server with its c
 
 import asyncio
 import contextlib
-import json
 import os
 import signal
 import threading
@@ -12,8 +11,7 @@ import time
 
 import httpx
 import pytest
-
-NUMPY_BM25 = ("--bm25-backend", "numpy")  # starts at once (numba compiles for tens of seconds)
+from retriever_process import NUMPY_BM25
 
 
 def wait_until(condition, timeout_s: float = 60.0, every_s: float = 0.02) -> None:
@@ -32,11 +30,6 @@ def event_lines(server) -> list[str]:
     log = server.log.read_text().splitlines()
     assert not [line for line in log if "Traceback" in line or "never retrieved" in line], log
     return [line for line in log if " died " in line or " restarted " in line]
-
-
-@pytest.fixture(scope="module")
-def questions(data_dir):
-    return [json.loads(line)["question"] for line in (data_dir / "qa_multihop.jsonl").read_text().splitlines()]
 
 
 def test_an_idle_search_process_killed_is_restarted(retriever_server, bm25_index_dir):
@@ -152,6 +145,58 @@ def test_a_stop_ends_every_process_of_the_server_within_a_second(bm25_index_dir,
     assert took < STOP_WITHIN_S, f"stopped in {took:.2f} s"
     assert server.process.returncode == -stop  # ended by the signal, as an interrupted command should
     assert event_lines(server) == []  # no death, no restart, no traceback
+    assert "cannot serve" not in server.log.read_text()
+
+
+@pytest.fixture(scope="module")
+def dense_index_dir(tmp_path_factory, data_dir, minilm_dir):
+    """A MiniLM torch index of the corpus' first 50 passages: small, but its search processes load torch
+    and the encoder, the load whose orphans #37 fixed."""
+    import subprocess
+
+    from retriever_process import build_command
+
+    work = tmp_path_factory.mktemp("dense_stop")
+    corpus = work / "corpus.jsonl"
+    corpus.write_text("".join((data_dir / "corpus.jsonl").read_text(encoding="utf-8").splitlines(True)[:50]))
+    command = build_command("dense", corpus, work / "index", "--encoder", minilm_dir, "--index-type", "torch")
+    subprocess.run(command, check=True, capture_output=True, env={**os.environ, "HF_HUB_OFFLINE": "1"})
+    return work / "index"
+
+
+def _loads_torch(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/maps") as maps:
+            return "libtorch" in maps.read()
+    except OSError:
+        return False
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("stop", [signal.SIGINT, signal.SIGTERM], ids=["SIGINT", "SIGTERM"])
+def test_a_stop_while_the_dense_encoder_loads_leaves_no_process(dense_index_dir, data_dir, stop):
+    """The group stopped while both search processes are loading torch and the query encoder: every
+    process ends by the signal within a second, none is restarted, and the log holds no traceback."""
+    from retriever_process import ServerProcess, serve_command
+
+    command = serve_command(dense_index_dir, "--search-processes", "2")
+    server = ServerProcess(command, cwd=data_dir.parent, ready=False, own_session=True)
+    try:
+        wait_until(lambda: len(server.search_pids()) == 2, timeout_s=60, every_s=0.005)
+        wait_until(lambda: all(_loads_torch(pid) for pid in server.search_pids()), timeout_s=60, every_s=0.005)
+        assert "ready" not in server.log.read_text()
+        sent = time.monotonic()
+        os.killpg(server.process.pid, stop)
+        wait_until(lambda: not server.session_pids(), timeout_s=10, every_s=0.01)
+        took = time.monotonic() - sent
+        time.sleep(0.5)  # a process restarted late would show up here
+        assert not server.session_pids()
+    finally:
+        if server.process.poll() is None:
+            os.killpg(server.process.pid, signal.SIGKILL)
+    assert took < STOP_WITHIN_S, f"stopped in {took:.2f} s"
+    assert server.process.returncode == -stop
+    assert event_lines(server) == []
     assert "cannot serve" not in server.log.read_text()
 
 

@@ -11,6 +11,7 @@ import sys
 import time
 
 import pytest
+from retriever_process import NUMPY_BM25
 
 from verl_memagent.agent.settings import AgentSettings, build_settings
 from verl_memagent.search.endpoint import (
@@ -20,8 +21,6 @@ from verl_memagent.search.endpoint import (
     configured_retriever_urls,
     retriever_health,
 )
-
-NUMPY_BM25 = ("--bm25-backend", "numpy")  # starts at once (numba compiles for tens of seconds)
 
 
 def probe_command(*args: str) -> subprocess.CompletedProcess:

@@ -6,11 +6,11 @@ import socket
 import httpx
 import pytest
 from aiohttp import web
+from retriever_process import NUMPY_BM25
 
 from verl_memagent.search import Document, RetrieverClient, RetrieverError, format_documents
 
 # numba scoring (the default) compiles for tens of seconds at start-up; tested once, in-process
-NUMPY_BM25 = ("--bm25-backend", "numpy")
 MAX_QUERIES = 64  # the module's server refuses more queries a request: a real client mistake (422)
 
 QUERIES = ["Jeff Porcaro drummer", "Pietro Germi director", "Old Frisian language", "Leda river Leer", "Toto band"]

@@ -11,15 +11,9 @@ import pytest
 
 
 @pytest.fixture(scope="session")
-def trainer_config():
-    from verl_memagent.agent import verl_trainer_config
-
-    return verl_trainer_config(prompt_length=4096, response_length=4096)
-
-
-@pytest.fixture(scope="session")
-def retriever_url(retriever_server, bm25_index_dir):
-    return retriever_server(bm25_index_dir).url
+def trainer_config(make_trainer_config):
+    """verl's config with the response length (4096) these tests were written for."""
+    return make_trainer_config(response_length=4096)
 
 
 def chromium_paths() -> tuple[str, str]:

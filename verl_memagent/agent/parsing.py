@@ -59,14 +59,17 @@ class Action:
 
     @classmethod
     def search(cls, query: str) -> Action:
+        """A search for `query`."""
         return cls(ActionKind.SEARCH, query=query)
 
     @classmethod
     def answered(cls, answer: str, format_ok: bool) -> Action:
+        """An answer, with the strict format's verdict on it."""
         return cls(ActionKind.ANSWER, answer=answer, format_ok=format_ok)
 
     @classmethod
     def invalid(cls, reason: str) -> Action:
+        """No valid action: `reason` (a `FinishReason`) ends the trajectory."""
         return cls(ActionKind.INVALID, reason=reason)
 
 

@@ -68,6 +68,7 @@ class Context:
 
     @property
     def token_ids(self) -> list[int]:
+        """The whole context as the server reads it: prompt, then response."""
         return self.prompt_ids + self.response_ids
 
     @property
@@ -131,6 +132,7 @@ class Step:
 
     @property
     def ended(self) -> bool:
+        """Whether the trajectory ended at this step: it runs no call."""
         return not self.calls
 
 

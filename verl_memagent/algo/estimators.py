@@ -5,6 +5,9 @@ trajectory. These are pure tensor functions (no verl import): rows arrive in any
 padding rows mixed in, and `TrajectoryLayout` says which trajectory, turn and prompt group each
 row belongs to. Everything is vectorised over rows with scatter/gather; the only Python loops run
 over token columns (GAE, as verl's own GAE does) or over turn depth, never over rows.
+
+This module holds the layout, what both estimators share, and `multi_context_grpo`;
+`multi_context_gae` is `gae.py`'s.
 """
 
 from __future__ import annotations
@@ -35,10 +38,12 @@ class TrajectoryLayout:
 
     @property
     def num_trajectories(self) -> int:
+        """Trajectories of the batch (the padding slot not counted)."""
         return self.group.numel()
 
     @property
     def num_groups(self) -> int:
+        """Prompt groups of the batch."""
         return int(self.group.max()) + 1 if self.group.numel() else 0
 
     @classmethod
@@ -91,7 +96,7 @@ class Advantages:
     metrics: dict[str, float]
 
 
-def _final_rows(layout: TrajectoryLayout, eligible: torch.Tensor | None = None) -> torch.Tensor:
+def final_rows(layout: TrajectoryLayout, eligible: torch.Tensor | None = None) -> torch.Tensor:
     """Row index of each trajectory's last turn (among `eligible` rows), ordered by trajectory id."""
     slots = layout.num_trajectories + 1
     eligible = layout.valid if eligible is None else layout.valid & eligible
@@ -103,7 +108,7 @@ def _final_rows(layout: TrajectoryLayout, eligible: torch.Tensor | None = None) 
     return rows[order]
 
 
-def _check_finite(name: str, values: torch.Tensor, what: str) -> None:
+def check_finite(name: str, values: torch.Tensor, what: str) -> None:
     bad = ~torch.isfinite(values)
     if bad.any():
         raise ValueError(
@@ -117,7 +122,7 @@ def _turns_per_trajectory(layout: TrajectoryLayout) -> torch.Tensor:
     return counts[: layout.num_trajectories]
 
 
-def _layout_metrics(layout: TrajectoryLayout) -> dict[str, float]:
+def layout_metrics(layout: TrajectoryLayout) -> dict[str, float]:
     turns = _turns_per_trajectory(layout).float()
     return {
         "multi_context/trajectories": float(layout.num_trajectories),
@@ -174,9 +179,9 @@ def grpo_row_advantages(
     Shapes: `token_level_rewards` (bs, response_length); returns per-row advantages (bs,).
     """
     num_traj, num_groups = layout.num_trajectories, layout.num_groups
-    final = _final_rows(layout)
+    final = final_rows(layout)
     reward = token_level_rewards.sum(-1)[final]  # summing every row beats gathering the final ones first
-    _check_finite("multi_context_grpo", reward, "trajectory rewards")
+    check_finite("multi_context_grpo", reward, "trajectory rewards")
 
     group = layout.group
     count = torch.bincount(group, minlength=num_groups).to(reward.dtype)
@@ -206,7 +211,7 @@ def grpo_row_advantages(
         last_turn[layout.trajectory[final]] = layout.turn[final]
         per_row = per_row * turn_discount ** (last_turn[layout.trajectory] - layout.turn).to(per_row.dtype)
 
-    metrics = _layout_metrics(layout)
+    metrics = layout_metrics(layout)
     metrics["multi_context/zero_variance_groups"] = zero_variance.float().mean().item() if num_groups else 0.0
     return per_row, metrics
 
@@ -227,125 +232,3 @@ def rows_off_their_trajectory(layout: TrajectoryLayout, advantages: torch.Tensor
     low = torch.full((slots,), torch.inf).scatter_reduce(0, layout.trajectory, value.nan_to_num(torch.inf), "amin")
     split = (high != low) & torch.isfinite(high) & torch.isfinite(low)
     return ((uneven | split[layout.trajectory]) & generated).nonzero().squeeze(1)
-
-
-def _masked_whiten(values: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """Zero-mean, unit-variance (unbiased) over the masked entries, as verl whitens GAE advantages."""
-    count = mask.sum()
-    if count < 2:
-        return values * mask
-    mean = (values * mask).sum() / count
-    var = ((values - mean).square() * mask).sum() / (count - 1)
-    return (values - mean) * torch.rsqrt(var + 1e-8) * mask
-
-
-def _row_gae(rewards: torch.Tensor, values: torch.Tensor, mask: torch.Tensor, gamma: float, gamma_lam: float):
-    """GAE inside each row with nothing after it (next value 0, next advantage 0); tokens with mask 0
-    are skipped, as in verl's `compute_gae_advantage_return`. Loops over columns, not rows, on
-    column-contiguous copies so that each step reads contiguous memory."""
-    rewards, values, mask = (x.t().contiguous() for x in (rewards, values, mask))
-    advantages = torch.empty_like(values)
-    next_value = values.new_zeros(values.shape[1])
-    last = values.new_zeros(values.shape[1])
-    for t in reversed(range(values.shape[0])):
-        delta = rewards[t] + gamma * next_value - values[t]
-        last = torch.where(mask[t], delta + gamma_lam * last, last)
-        next_value = torch.where(mask[t], values[t], next_value)
-        advantages[t] = last
-    return advantages.t()
-
-
-def _generated_from_here(mask: torch.Tensor) -> torch.Tensor:
-    """For each token, how many generated tokens lie between it (included) and the row's end."""
-    return mask.flip(-1).cumsum(-1).flip(-1)
-
-
-def multi_context_gae(
-    token_level_scores: torch.Tensor,
-    token_level_rewards: torch.Tensor,
-    values: torch.Tensor,
-    response_mask: torch.Tensor,
-    layout: TrajectoryLayout,
-    *,
-    gamma: float = 1.0,
-    lam: float = 1.0,
-    whiten: bool = True,
-) -> Advantages:
-    """MEM1's PPO advantage: GAE over a trajectory's generated tokens, turn after turn.
-
-    The result equals verl's GAE run on one sequence holding all turns' responses in turn order:
-    the bootstrap value after the last generated token of turn t is the critic's value at the first
-    generated token of turn t+1 (the start of turn t+1), and the trajectory's outcome (its final
-    turn's summed `token_level_scores`) sits at the last generated token of its final turn (of the
-    last turn that generated anything, should the final one be empty). Per-token
-    terms `token_level_rewards - token_level_scores` (verl's in-reward KL penalty) stay where they are.
-    Advantages are then whitened over all valid tokens, as verl's GAE does.
-
-    Shapes: `token_level_scores`, `token_level_rewards`, `values` (the critic's) and `response_mask`
-    (bs, response_length), one row per context; `advantages` and `returns` (bs, response_length).
-    """
-    if not (token_level_scores.shape == token_level_rewards.shape == values.shape == response_mask.shape):
-        raise ValueError("token_level_scores, token_level_rewards, values and response_mask must have one shape")
-    num_traj = layout.num_trajectories
-    mask = response_mask.bool() & layout.valid.unsqueeze(-1)
-    values = values.float() * mask
-    final = _final_rows(layout)
-    outcome = token_level_scores.index_select(0, final).sum(-1).float()
-    _check_finite("multi_context_gae", outcome, "trajectory rewards")
-    dense = (token_level_rewards - token_level_scores).float() * mask
-    _check_finite("multi_context_gae", dense, "per-token rewards")
-    _check_finite("multi_context_gae", values, "critic values")
-
-    # the outcome goes to the trajectory's last generated token (in its final turn, unless that is empty)
-    target = _final_rows(layout, eligible=mask.any(-1))
-    last_generated = mask[target] & (_generated_from_here(mask[target]) == 1)
-    target_outcome = outcome[layout.trajectory[target]].unsqueeze(-1)
-    rewards = dense.index_add(0, target, last_generated.float() * target_outcome)
-
-    gamma_lam = gamma * lam
-    local = _row_gae(rewards, values, mask, gamma, gamma_lam)
-
-    # Chain rows back to front. For row t: B_t = gamma * V_start(t+1) + gamma*lam * A_start(t+1) enters
-    # at its last generated token and decays by gamma*lam per generated token before it.
-    rows = layout.trajectory.numel()
-    generated = mask.sum(-1)
-    first_col = mask.to(torch.uint8).argmax(-1)
-    row_ids = torch.arange(rows)
-    local_start = local[row_ids, first_col]
-    value_start = values[row_ids, first_col]
-    order = torch.argsort(layout.trajectory * (int(layout.turn.max()) + 1 if rows else 1) + layout.turn)
-    traj_sorted = layout.trajectory[order]
-    has_next_sorted = torch.cat([traj_sorted[1:] == traj_sorted[:-1], torch.zeros(1, dtype=torch.bool)])
-    next_row = torch.full((rows,), -1, dtype=torch.int64)
-    next_row[order[:-1]] = torch.where(has_next_sorted[:-1], order[1:], -1)
-    # depth = how many rows of the same trajectory follow this one
-    counts = torch.bincount(traj_sorted, minlength=num_traj + 1)
-    ends = counts.cumsum(0)[traj_sorted]
-    depth = torch.empty(rows, dtype=torch.int64)
-    depth[order] = ends - 1 - torch.arange(rows)
-
-    start_adv = torch.zeros(rows)  # GAE advantage at the row's first generated token (chain included)
-    start_value = torch.zeros(rows)  # critic value there (carried through rows with nothing generated)
-    bootstrap = torch.zeros(rows)
-    for d in range(int(depth.max()) + 1 if rows else 0):
-        at = (depth == d).nonzero().squeeze(1)
-        nxt = next_row[at]
-        has_next = nxt >= 0
-        nxt = nxt.clamp(min=0)
-        b = torch.where(has_next, gamma * start_value[nxt] + gamma_lam * start_adv[nxt], torch.zeros(at.numel()))
-        n = generated[at]
-        decay = gamma_lam ** (n - 1).clamp(min=0).float()
-        empty = n == 0
-        start_adv[at] = torch.where(empty, torch.where(has_next, start_adv[nxt], 0.0), local_start[at] + decay * b)
-        start_value[at] = torch.where(empty, torch.where(has_next, start_value[nxt], 0.0), value_start[at])
-        bootstrap[at] = b
-
-    if gamma_lam == 1.0:
-        advantages = (local + bootstrap.unsqueeze(-1)) * mask
-    else:
-        decay = gamma_lam ** (_generated_from_here(mask) - 1).clamp(min=0).float()
-        advantages = (local + decay * bootstrap.unsqueeze(-1)) * mask
-    returns = (advantages + values) * mask
-    if whiten:
-        advantages = _masked_whiten(advantages, mask)
-    return Advantages(advantages=advantages, returns=returns, metrics=_layout_metrics(layout))

@@ -114,10 +114,14 @@ class ResumeMixin:
         remove_records_after(Path(self.trajectory_recorder.directory), self.global_steps)
 
     def fit(self, agent_loop_manager):
+        """verl's training loop, its file logger appending to the metrics file instead of emptying it: a
+        resumed run keeps the steps before its checkpoint (`_load_checkpoint` cut the file there)."""
         with appending_file_logger():
             return super().fit(agent_loop_manager)
 
     def on_train_begin(self):
+        """verl's start of training; the sync trainer then saves a checkpoint only after the step's metrics
+        are logged (`_LogThenCheckpoint`)."""
         super().on_train_begin()
         if self.base_mode == "sync":
             self.logger = _LogThenCheckpoint(self.logger, self)

@@ -76,8 +76,9 @@ class MultiContextTrainerMixin(UpdateStepsMixin):
 
     @property
     def trainer_mode(self) -> str:
-        # verl assigns `config.trainer.v1.trainer_mode` (our registered name) here and compares it with
-        # "sync" to choose the replay buffer and refill rules; they must see the mode we extend.
+        """The mode of the verl trainer this one extends, never our registered name: verl assigns
+        `config.trainer.v1.trainer_mode` here and compares it with "sync" to choose the replay buffer
+        and refill rules."""
         return self.base_mode
 
     @trainer_mode.setter
@@ -151,6 +152,7 @@ class TrajectoryRecordsMixin:
 
     @cached_property
     def trajectory_recorder(self) -> TrajectoryRecorder:
+        """The run's recorder, configured by `trainer.trajectories` (built on first use)."""
         return TrajectoryRecorder.from_trainer_config(self.config, self.tokenizer)
 
     def _compute_metrics(self, batch: KVBatchMeta, metrics, timing_raw, global_steps, epoch):

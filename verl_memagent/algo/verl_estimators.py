@@ -18,7 +18,8 @@ from dataclasses import dataclass, field
 import torch
 
 from verl_memagent.algo.config import GAE, GRPO, TRAINERS, MultiContextConfig
-from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_gae, multi_context_grpo
+from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_grpo
+from verl_memagent.algo.gae import multi_context_gae
 
 
 @dataclass
