@@ -93,6 +93,7 @@ class Sweep:
         self.objectives, self.eval_tasks, self.rl_overrides = objectives, eval_tasks, rl_overrides
         self.build = work / "build"
         self.records = json.loads(results.read_text()) if results.is_file() else []
+        self.machine = cpu()  # read once: every record carries it
         self.retriever: ServerProcess | None = None
 
     # -- the build: tiny model, task, index, copy pretraining, one warm start per agent
@@ -192,7 +193,7 @@ class Sweep:
             run(command, out / "log", {**os.environ, "OMP_NUM_THREADS": "1"})
             wall = time.perf_counter() - began
             records = cell_records(agent, phase, seed, k, list(self.eval_tasks), out, wall)
-            cell += [{**record, "warm_start_sha256": start} for record in records]
+            cell += [{**record, "cpu": self.machine, "warm_start_sha256": start} for record in records]
         self.records += cell
         self.save()
 
@@ -249,7 +250,6 @@ def cell_records(
                 "turns": scores["mean_turns"],
                 "answered": scores["answered"],
                 "finish_reasons": scores["finish_reasons"],
-                "cpu": cpu(),
             }
         )
     return records

@@ -137,11 +137,12 @@ def write_door_sets(
     with (out / "corpus.jsonl").open("w", encoding="utf-8") as corpus:
         for name in SETS:
             doors = sets.of(name)
-            for record, door in zip(records(doors, name), doors, strict=True):
+            questions = records(doors, name)
+            for record, door in zip(questions, doors, strict=True):
                 passage = passage_with(door, rng.choice(fillers), rng, passage_words)
                 corpus.write(json.dumps({"id": record.id, "contents": passage}) + "\n")
             with (out / f"{name}.jsonl").open("w", encoding="utf-8") as f:
-                for record in records(doors, name):
+                for record in questions:
                     row = {"id": record.id, "question": record.question, "golden_answers": list(record.golden_answers)}
                     f.write(json.dumps(row) + "\n")
         corpus.write(base_corpus.read_text(encoding="utf-8"))

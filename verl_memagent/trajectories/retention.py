@@ -47,18 +47,21 @@ def retention(turn_logs: Sequence[TurnLog], ground_truth: Any) -> list[Retention
     call after the action) counts that search as read; otherwise (MEM1's state, written in the action)
     only earlier turns' searches."""
     golds = objective_golds(ground_truth)
-    shown: list[str] = []
+    read: set[int] = set()  # the objectives whose answer a search has shown so far
+
+    def show(text: str) -> None:
+        read.update(i for i, answers in enumerate(golds) if i not in read and mentions(text, answers))
+
     found: list[Retention] = []
     for index, log in enumerate(turn_logs):
         search = log["search"]
         text = search.get("text", "") if search else ""
         rewritten_after_search = len(log["calls"]) > 1
         if rewritten_after_search:
-            shown.append(text)
+            show(text)
         if log["memory"] is not None:
-            read = [answers for answers in golds if any(mentions(seen, answers) for seen in shown)]
-            held = sum(mentions(log["memory"], answers) for answers in read)
+            held = sum(mentions(log["memory"], golds[i]) for i in read)
             found.append(Retention(turn=index, read=len(read), held=held))
         if not rewritten_after_search:
-            shown.append(text)
+            show(text)
     return found
