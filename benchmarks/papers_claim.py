@@ -81,7 +81,7 @@ class Sweep:
         work: Path,
         results: Path,
         build_seed: int = 0,
-        copy_steps: int = 800,
+        copy_steps: tuple[int, int] = (800, 1500),
         warm_steps: int = 300,
         lock: Path | None = None,
         objectives: tuple[int, ...] = OBJECTIVES,
@@ -109,7 +109,9 @@ class Sweep:
         once(task, lambda d: run([*make_task, "--out", str(d)], d / "log.txt"))
         once(self.build / "bm25", lambda d: run(build_command("bm25", task / "corpus.jsonl", d / "index"), d / "log"))
         self.retriever = ServerProcess(serve_command(self.build / "bm25" / "index"), timeout_s=120, cwd=REPO)
-        copy = [*doors, "copy-pretrain", "--model", str(self.build / "model"), "--steps", str(self.copy_steps)]
+        adjacent, distant = (str(steps) for steps in self.copy_steps)
+        copy = [*doors, "copy-pretrain", "--model", str(self.build / "model"), "--steps", adjacent]
+        copy += ["--distant-steps", distant]
         once(self.build / "copy", lambda d: run([*copy, "--out", str(d / "model"), "--seed", seed], d / "log"))
         for agent in AGENTS:
             warm = [*doors, "warm-start", "--agent", agent, "--model", str(self.build / "copy" / "model")]
@@ -358,7 +360,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--work", type=Path, help="where the build, RL runs and scorings are cached")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the records' JSON (read to resume)")
     parser.add_argument("--build-seed", type=int, default=0, help="the tiny model, the doors and the warm starts")
-    parser.add_argument("--copy-steps", type=int, default=800)
+    parser.add_argument(
+        "--copy-steps",
+        type=lambda text: tuple(int(n) for n in text.split(",")),
+        default=(800, 1500),
+        help="copy pretraining steps on adjacent, then distant repeats (composed_doors copy-pretrain)",
+    )
     parser.add_argument("--warm-steps", type=int, default=300, help="supervised steps of every agent's warm start")
     parser.add_argument("--lock", type=Path, help="a file to hold an exclusive flock on during each verl run")
     parser.add_argument("--report", action="store_true", help="only print the table and draw the plot")

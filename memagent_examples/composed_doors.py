@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from memagent_examples.learn_codes.task import Door, single_token_words
+from memagent_examples.learn_codes.warm_start import CopyRows
 from memagent_examples.model_format import ModelFormat
 from verl_memagent.data.compose import compose_multi_objective
 from verl_memagent.data.flashrag import QARecord
@@ -42,6 +43,11 @@ DEMO_OBJECTIVES = (1, 2, 3)
 #: words of real passage text around each door's statement (wiki-18's passage size)
 PASSAGE_WORDS = 100
 SEARCH_THOUGHT = "I must search for the next password."
+#: copy rows of every copy-pretraining and warm-start step: the agents' contexts put the question some
+#: 400 tokens in, where 128-token copy rows teach no copying (warm_start.distant_copy_batch)
+COPY_ROWS = CopyRows(adjacent=8, distant=4)
+#: answer rows of every warm-start step (`AnswerRows`)
+ANSWER_ROWS = 32
 #: verl's prompt and response room (recipes/cpu/composed_doors.yaml): ReAct's whole history at 8 objectives fits
 PROMPT_LENGTH, RESPONSE_LENGTH = 1024, 6144
 
@@ -188,6 +194,60 @@ def demonstration_scripts(
     return scripts
 
 
+@dataclass(frozen=True)
+class AnswerRows:
+    """Synthetic rows for an answer's last copy, in one agent's answer format: random tokens holding 1-3
+    statements that end " is V.", then the agent's answer opener (MemSearcher's `</think> \\boxed{`,
+    MEM1's `</IS><answer>`) and the values in their order, `;`-separated, then its closer; labels on
+    the answer only. Why: in a demonstration the password after the opener is one labelled token in
+    hundreds, and a tiny model never finds that lookup from so rare a signal (teacher-forced, at chance
+    after 600 warm-start steps, and after 400 more on answer turns alone); rows that each end in one
+    teach it (benchmarks/RESULTS.md, the papers' claim)."""
+
+    statement_end: tuple[int, int]  # " is" and "."
+    opener: tuple[int, ...]
+    separator: tuple[int, ...]
+    closer: tuple[int, ...]
+    rows: int = ANSWER_ROWS
+    length: int = 96
+
+    @classmethod
+    def of(cls, model: ModelFormat, tokenizer, rows: int = ANSWER_ROWS) -> AnswerRows:
+        text = model.answer("\x00", " \x01", "\x00")  # the format around a thought and an answer
+        opener, closer = text[text.rindex("\x00") + 1 :].split(" \x01")
+        ids = lambda part: tuple(tokenizer(part, add_special_tokens=False).input_ids)  # noqa: E731
+        (is_id,), (stop,) = ids(" is"), ids(".")
+        return cls((is_id, stop), ids(opener), ids(";"), ids(closer), rows)
+
+    def batch(self, generator, vocab_size: int):
+        """`rows` rows of `length` tokens and their labels (the answer and the closer)."""
+        import torch
+
+        from memagent_examples.learn_codes.warm_start import IGNORE
+
+        input_ids = torch.randint(0, vocab_size, (self.rows, self.length), generator=generator)
+        labels = torch.full_like(input_ids, IGNORE)
+        is_id, stop = self.statement_end
+        for row in range(self.rows):
+            count = int(torch.randint(1, 4, (1,), generator=generator))
+            values = torch.randint(0, vocab_size, (count,), generator=generator).tolist()
+            answer = [token for i, value in enumerate(values) for token in (*(self.separator if i else ()), value)]
+            tail = [*self.opener, *answer, *self.closer]
+            room = self.length - len(tail) - 3 * count  # the statements, 3 tokens each, before the tail
+            starts = sorted(torch.randperm(room + 1, generator=generator)[:count].tolist())
+            for shift, (start, value) in enumerate(zip(starts, values, strict=True)):
+                input_ids[row, start + 3 * shift : start + 3 * shift + 3] = torch.tensor([is_id, value, stop])
+            input_ids[row, -len(tail) :] = torch.tensor(tail)
+            answered = len(answer) + len(self.closer)
+            labels[row, -answered:] = input_ids[row, -answered:]
+        return input_ids, labels
+
+    def loss(self, model, generator):
+        from memagent_examples.learn_codes.warm_start import labelled_loss
+
+        return labelled_loss(model, *self.batch(generator, model.config.vocab_size))
+
+
 def agent_format(agent: str, tokenizer, hf_model_type: str, agent_loops_yaml: str, retriever_url: str) -> ModelFormat:
     """The format of `agent` as the YAML configures it, read off a loop built the way verl builds it."""
     from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config
@@ -199,9 +259,11 @@ def agent_format(agent: str, tokenizer, hf_model_type: str, agent_loops_yaml: st
     return ModelFormat.of(loop)
 
 
-def copy_pretrain(model_dir: Path, out: Path, steps: int, seed: int = 0) -> list[float]:
-    """The tiny model after `steps` of copy pretraining (`warm_start.copy_pretraining`), saved to `out`:
-    the one starting point every agent's warm start continues from."""
+def copy_pretrain(model_dir: Path, out: Path, steps: int, distant_steps: int, seed: int = 0) -> list[float]:
+    """The tiny model after `steps` of copy pretraining on adjacent repeats (`warm_start.copy_pretraining`,
+    as the main job's start), then `distant_steps` on `COPY_ROWS`, saved to `out`: the one starting point
+    every agent's warm start continues from. Two phases because induction heads form on adjacent repeats
+    (loss 8.3 -> 2.4 in 800 steps) and not on distant ones from a random model (16.7 -> 16.0 in 1,300)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -210,6 +272,7 @@ def copy_pretrain(model_dir: Path, out: Path, steps: int, seed: int = 0) -> list
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_pretrained(model_dir)
     losses = copy_pretraining(model, steps, seed=seed)
+    losses += copy_pretraining(model, distant_steps, seed=seed, rows=COPY_ROWS)
     model.save_pretrained(out)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
     return losses
@@ -229,6 +292,7 @@ def warm_start_agent(
     seed: int = 0,
     objectives: Sequence[int] = DEMO_OBJECTIVES,
     checkpoint_every: int = 0,
+    answer_rows: int = ANSWER_ROWS,
 ) -> list[float]:
     """`steps` supervised steps of `model_dir` (copy-pretrained) on `agent`'s demonstrations of the
     demonstration doors, played through the real agent loop against the real retriever; saved to `out`
@@ -280,7 +344,7 @@ def warm_start_agent(
         batch_size,
         tokenizer.pad_token_id,
         seed,
-        copy_rows=16,
+        extra_rows=(COPY_ROWS, AnswerRows.of(model_format, tokenizer, answer_rows)) if answer_rows else (COPY_ROWS,),
         after_step=checkpoint,
         unpadded=True,
     )
@@ -302,7 +366,8 @@ def main(argv: list[str] | None = None) -> int:
     copy = sub.add_parser("copy-pretrain", help="copy pretraining of a tiny model, the agents' common start")
     copy.add_argument("--model", type=Path, required=True)
     copy.add_argument("--out", type=Path, required=True)
-    copy.add_argument("--steps", type=int, default=800)
+    copy.add_argument("--steps", type=int, default=800, help="steps on adjacent repeats (induction heads form)")
+    copy.add_argument("--distant-steps", type=int, default=1500, help="then steps on COPY_ROWS (copies at any distance)")
     copy.add_argument("--seed", type=int, default=0)
     warm = sub.add_parser("warm-start", help="supervised steps on one agent's demonstrations")
     warm.add_argument("--agent", required=True, choices=("memsearcher", "mem1", "react"))
@@ -329,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
         sets = write_door_sets(args.out, tokenizer, args.base_corpus, args.seed, args.passage_words)
         print(" ".join(f"{name}: {len(sets.of(name))} doors" for name in SETS))
     elif args.command == "copy-pretrain":
-        losses = copy_pretrain(args.model, args.out, args.steps, args.seed)
-        print(f"copy pretraining: {args.steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}")
+        losses = copy_pretrain(args.model, args.out, args.steps, args.distant_steps, args.seed)
+        print(f"copy pretraining: {args.steps} + {args.distant_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}")
     else:
         losses = warm_start_agent(
             args.agent,

@@ -178,7 +178,7 @@ def warm_start(
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memagent_examples.learn_codes.start import DIGESTED_DOORS, RECORD, build_record, contexts_digest
-    from memagent_examples.learn_codes.warm_start import copy_pretraining, supervised_steps
+    from memagent_examples.learn_codes.warm_start import CopyRows, copy_pretraining, supervised_steps
 
     doors = [Door(**json.loads(line)) for line in demos.read_text().splitlines()]
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -203,7 +203,7 @@ def warm_start(
             save(out / f"step_{step}", step)
 
     losses = supervised_steps(
-        model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, copy_rows=16, after_step=checkpoint
+        model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, (CopyRows(adjacent=16),), checkpoint
     )
     save(out, steps)
     return losses

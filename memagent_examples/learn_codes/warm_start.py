@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import random
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 import torch
 
@@ -118,19 +119,64 @@ def adamw_steps(model, steps: int, lr: float, step_loss, desc: str, after_step=N
     return losses
 
 
-def copy_pretraining(model, steps: int, lr: float = 1e-3, seed: int = 0) -> list[float]:
-    """AdamW steps on `copy_batch` rows: the standard way to form induction heads (attend to the token
-    after the previous occurrence of this one, copy it). Returns the loss of each step.
+def distant_copy_batch(
+    generator: torch.Generator, vocab_size: int, batch_size: int = 4, length: int = 1024, copies: int = 8
+):
+    """Random token rows with `copies` segments of 4-16 tokens each repeated at a random later place;
+    labels only on the repeats. An agent's query copies names from a question hundreds of tokens into its
+    context; `copy_batch`'s 128-token rows form heads that copy 40 tokens back and fail past position 128
+    (benchmarks/RESULTS.md, the papers' claim), these rows teach copying at every distance and position.
+    A repeat never overwrites, nor touches, an earlier segment or repeat, so each label is a true copy."""
+    if length < 40 * copies:
+        raise ValueError(f"distant copy rows: length {length} leaves no room for {copies} copies; use >= {40 * copies}")
+    input_ids = torch.randint(0, vocab_size, (batch_size, length), generator=generator)
+    labels = torch.full_like(input_ids, IGNORE)
+    for row in range(batch_size):
+        taken = torch.zeros(length + 1, dtype=torch.bool)
+        made = 0
+        while made < copies:
+            size = int(torch.randint(4, 17, (1,), generator=generator))
+            source = int(torch.randint(0, length - 2 * size + 1, (1,), generator=generator))
+            to = int(torch.randint(source + size, length - size + 1, (1,), generator=generator))
+            if taken[max(to - 1, 0) : to + size + 1].any():
+                continue
+            input_ids[row, to : to + size] = input_ids[row, source : source + size]
+            labels[row, to : to + size] = input_ids[row, to : to + size]
+            taken[source : source + size] = taken[to : to + size] = True
+            made += 1
+    return input_ids, labels
+
+
+@dataclass(frozen=True)
+class CopyRows:
+    """The copy rows a training step adds to its loss: `adjacent` `copy_batch` rows (128 tokens) and
+    `distant` `distant_copy_batch` rows of `distant_length` tokens."""
+
+    adjacent: int = 0
+    distant: int = 0
+    distant_length: int = 1024
+
+    def loss(self, model, generator: torch.Generator) -> torch.Tensor | float:
+        """The sum of each kind's mean loss on fresh rows drawn from `generator` (0.0 when there are none)."""
+        loss = 0.0
+        if self.adjacent:
+            loss = loss + labelled_loss(model, *copy_batch(generator, model.config.vocab_size, self.adjacent))
+        if self.distant:
+            rows = distant_copy_batch(generator, model.config.vocab_size, self.distant, self.distant_length)
+            loss = loss + labelled_loss(model, *rows)
+        return loss
+
+
+def copy_pretraining(model, steps: int, lr: float = 1e-3, seed: int = 0, rows: CopyRows = CopyRows(adjacent=32)) -> list[float]:
+    """AdamW steps on copy rows (`rows`; by default 32 `copy_batch` rows): the standard way to form
+    induction heads (attend to the token after the previous occurrence of this one, copy it). Returns
+    the loss of each step.
 
     A pretrained LLM copies names out of its context; a random tiny model cannot, and demonstrations
     alone teach it the format but not the copying (measured: copied tokens stay at chance).
     """
     generator = torch.Generator().manual_seed(seed)
-
-    def step_loss():
-        return labelled_loss(model, *copy_batch(generator, model.config.vocab_size))
-
-    return adamw_steps(model, steps, lr, step_loss, "copy pretraining")
+    return adamw_steps(model, steps, lr, lambda: rows.loss(model, generator), "copy pretraining")
 
 
 def supervised_steps(
@@ -141,14 +187,14 @@ def supervised_steps(
     batch_size: int,
     pad_token_id: int,
     seed: int = 0,
-    copy_rows: int = 0,
+    extra_rows: Sequence = (),
     after_step=None,
     unpadded: bool = False,
 ):
     """AdamW steps of next-token loss on the labelled tokens; returns the loss of each step.
 
-    `copy_rows` > 0 adds the loss of that many `copy_batch` rows to each step, so that the copying
-    formed by `copy_pretraining` is kept while the format is learned. `unpadded`: the same loss (the
+    `extra_rows` (each with a `loss(model, generator)`, as `CopyRows`) add the loss of synthetic rows to
+    each step: copy rows keep the copying `copy_pretraining` formed while the format is learned. `unpadded`: the same loss (the
     mean over the batch's labelled tokens) computed one sample at a time, without padding: with a
     padding mask torch's CPU attention materialises every row's full score matrix, which made a batch
     of ReAct trajectories of up to 3k tokens take 27 s a step (the main job's short contexts keep the
@@ -176,8 +222,6 @@ def supervised_steps(
     def step_loss():
         batch = rng.sample(samples, min(batch_size, len(samples)))
         loss = unpadded_loss(batch) if unpadded else padded_loss(batch)
-        if copy_rows:
-            loss = loss + labelled_loss(model, *copy_batch(generator, model.config.vocab_size, copy_rows))
-        return loss
+        return loss + sum(rows.loss(model, generator) for rows in extra_rows)
 
     return adamw_steps(model, steps, lr, step_loss, "demonstrations", after_step)

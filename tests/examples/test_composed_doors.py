@@ -8,6 +8,7 @@ import subprocess
 from pathlib import Path
 
 import pytest
+import torch
 from retriever_process import build_command
 
 from memagent_examples.composed_doors import (
@@ -16,6 +17,7 @@ from memagent_examples.composed_doors import (
     PROMPT_LENGTH,
     RESPONSE_LENGTH,
     SETS,
+    AnswerRows,
     agent_format,
     composed_texts,
     demonstration_scripts,
@@ -143,3 +145,34 @@ def test_warm_start_trains_on_the_loops_samples_and_checkpoints(task, tiny_model
         record = json.loads((saved / "build.json").read_text())
         assert (saved / "model.safetensors").is_file() and record["inputs"]["steps"] == steps
         assert record["inputs"]["agent"] == "react" and record["samples"] == 4  # react: one sample a trajectory
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "mem1", "react"])
+def test_answer_rows_end_in_the_agents_answer_to_the_statements_they_hold(task, tokenizer, agent):
+    """Each row states 1-3 values as " is V." and ends in the agent's own answer to them, in order; only
+    the answer and its closer are labelled."""
+    _, sets, url = task
+    model = agent_format(agent, tokenizer, "qwen2", str(AGENT_LOOPS), url)
+    rows = AnswerRows.of(model, tokenizer, rows=16)
+    passwords = [sets.demos[0].password, sets.demos[1].password]
+    answer_ids = [*tokenizer(" " + passwords[0]).input_ids, *rows.separator, *tokenizer(" " + passwords[1]).input_ids]
+    spelled = tokenizer.decode([*rows.opener, *answer_ids, *rows.closer])
+    assert model.answer("thought", " " + "; ".join(passwords), "notes").endswith(spelled)
+
+    input_ids, labels = rows.batch(torch.Generator().manual_seed(0), len(tokenizer))
+    counts = set()
+    for ids, row_labels in zip(input_ids.tolist(), labels.tolist(), strict=True):
+        labelled = [i for i, label in enumerate(row_labels) if label != -100]
+        answer = ids[labelled[0] : len(ids) - len(rows.closer)]
+        values = answer[:: len(rows.separator) + 1]
+        step = len(rows.separator) + 1
+        assert all(answer[i + 1 : i + step] == list(rows.separator) for i in range(0, len(answer) - 1, step))
+        assert labelled == list(range(len(ids) - len(answer) - len(rows.closer), len(ids)))
+        assert ids[labelled[0] - len(rows.opener) : labelled[0]] == list(rows.opener)
+        assert ids[len(ids) - len(rows.closer) :] == list(rows.closer)
+        is_id, stop = rows.statement_end
+        stated = [ids[i + 1] for i in range(labelled[0] - len(rows.opener) - 2) if ids[i] == is_id and ids[i + 2] == stop]
+        remaining = iter(stated)  # the values are stated in the answer's order (filler may state more)
+        assert all(value in remaining for value in values)
+        counts.add(len(values))
+    assert counts == {1, 2, 3}

@@ -33,8 +33,10 @@ from memagent_examples.learn_codes.task import (
 )
 from memagent_examples.learn_codes.warm_start import (
     IGNORE,
+    CopyRows,
     copy_batch,
     copy_pretraining,
+    distant_copy_batch,
     labelled_loss,
     scripted_samples,
     supervised_steps,
@@ -151,7 +153,7 @@ def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokeni
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     losses = supervised_steps(
-        model, samples, steps=12, lr=2e-3, batch_size=4, pad_token_id=tokenizer.pad_token_id, copy_rows=2
+        model, samples, steps=12, lr=2e-3, batch_size=4, pad_token_id=tokenizer.pad_token_id, extra_rows=(CopyRows(adjacent=2),)
     )
     assert sum(losses[-3:]) < sum(losses[:3])
 
@@ -222,7 +224,7 @@ def test_a_checkpoint_after_k_steps_is_the_model_of_a_k_step_run(tiny_model_dir,
     """What `warm-start --checkpoint-every` and benchmarks/warm_start_sweep.py rely on."""
     generator = torch.Generator().manual_seed(0)
     samples = [(ids, ids) for ids in torch.randint(5, 200, (6, 24), generator=generator).tolist()]
-    run = dict(samples=samples, lr=1e-3, batch_size=2, pad_token_id=tokenizer.pad_token_id, copy_rows=1)
+    run = dict(samples=samples, lr=1e-3, batch_size=2, pad_token_id=tokenizer.pad_token_id, extra_rows=(CopyRows(adjacent=1),))
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     saved = {}
 
@@ -251,6 +253,37 @@ def test_copy_batch_labels_exactly_the_repeats():
             assert repeat == row_ids[start : start + len(repeat)]
             assert row_labels[start + size : start + 2 * size] == repeat
             start += 2 * size
+
+
+def test_distant_copy_batch_labels_exactly_the_copies_at_every_distance():
+    input_ids, labels = distant_copy_batch(torch.Generator().manual_seed(0), 50, batch_size=8, length=320, copies=6)
+    distances = []
+    for row_ids, row_labels in zip(input_ids.tolist(), labels.tolist(), strict=True):
+        labelled = [i for i, label in enumerate(row_labels) if label != IGNORE]
+        runs = [[labelled[0]]]  # each copy is one run of labels, apart from the others
+        for i in labelled[1:]:
+            runs[-1].append(i) if i == runs[-1][-1] + 1 else runs.append([i])
+        assert len(runs) == 6 and all(4 <= len(run) <= 16 for run in runs)
+        for run in runs:
+            copy = row_ids[run[0] : run[-1] + 1]
+            assert [row_labels[i] for i in run] == copy
+            sources = [s for s in range(run[0] - len(copy) + 1) if row_ids[s : s + len(copy)] == copy]
+            assert sources, "every labelled run repeats an earlier segment"
+            distances.append(run[0] - sources[-1])
+    assert min(distances) < 40 and max(distances) > 160  # near and far copies alike
+    with pytest.raises(ValueError, match="use >= 320"):
+        distant_copy_batch(torch.Generator(), 50, length=100, copies=8)
+
+
+def test_copy_rows_add_each_kinds_loss(tiny_model_dir):
+    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    rows = CopyRows(adjacent=2, distant=1, distant_length=320)
+    adjacent = labelled_loss(model, *copy_batch(torch.Generator().manual_seed(3), model.config.vocab_size, 2))
+    generator = torch.Generator().manual_seed(3)
+    copy_batch(generator, model.config.vocab_size, 2)
+    distant = labelled_loss(model, *distant_copy_batch(generator, model.config.vocab_size, 1, 320))
+    torch.testing.assert_close(rows.loss(model, torch.Generator().manual_seed(3)), adjacent + distant)
+    assert CopyRows().loss(model, torch.Generator()) == 0.0
 
 
 def test_labelled_loss_is_the_models_own_loss_on_the_labels(tiny_model_dir):
