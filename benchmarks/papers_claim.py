@@ -325,6 +325,7 @@ def plot(records: list[dict], path: Path) -> None:
     )
     for axis, title in zip(axes, titles, strict=True):
         axis.set(xlabel="objectives k", title=title, xscale="log", xticks=list(OBJECTIVES))
+        axis.minorticks_off()
         axis.set_xticklabels([str(k) for k in OBJECTIVES])
         axis.grid(alpha=0.3)
     axes[0].legend(fontsize=7)
