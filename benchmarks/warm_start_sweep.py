@@ -1,7 +1,7 @@
 """How good is the main job's warm start after N demonstration steps? EM at every checkpoint of one run.
 
 The main job (`recipes/cpu/learn_codes.sh`) stops its warm start early on purpose, so that RL has
-something to reinforce and room to show it (docs/cpu.md). Where "early" lies moves with the code and
+something to reinforce and room to show it (docs/main_job.md). Where "early" lies moves with the code and
 libraries the build depends on, so this measures it: one warm start of a build's tiny model on its
 demonstrations (`task warm-start --checkpoint-every`, the main job's command; a checkpoint after N
 steps is the model of a run of N steps), then `verl-memagent eval` of every checkpoint on the task's

@@ -3,8 +3,9 @@
 Each check renders the sentence or table cell a doc states from the source's current value (a recipe
 YAML, a launcher's default, a dataclass default, an argparse default, the released values) and looks
 for it in the doc: change the value and the doc must change too. Each has a test that a changed
-value is caught. Docs: cpu.md, agents.md (settings, fields, finish reasons, metrics), retriever.md
-(`serve`'s options), fidelity.md (released values), the README's layout table.
+value is caught. Docs: main_job.md, cpu.md, agents.md (settings, fields, finish reasons, metrics),
+retriever.md (`serve`'s options), fidelity.md (released values). The module table is docs/design.md's,
+checked by tests/test_layout.py.
 """
 
 from __future__ import annotations
@@ -58,13 +59,16 @@ def learn_codes_sentences(cpu: Path = CPU) -> list[str]:
     ]
 
 
+def learn_codes_agent_sentences() -> list[str]:
+    learn_codes = agent(yaml_of(CPU / "learn_codes_agent_loops.yaml"), "memsearcher")
+    return ["with one document per search" if learn_codes["topk"] == 1 else f"with {learn_codes['topk']} documents"]
+
+
 def agent_loops_sentences() -> list[str]:
     memsearcher = agent(yaml_of(CPU / "agent_loops.yaml"), "memsearcher")
-    learn_codes = agent(yaml_of(CPU / "learn_codes_agent_loops.yaml"), "memsearcher")
     return [
         f"({memsearcher['max_turns']} turns, {memsearcher['max_new_tokens']} new tokens, "
         f"{memsearcher['memory_max_tokens']}-token memory, {memsearcher['topk']} documents)",
-        "with one document per search" if learn_codes["topk"] == 1 else f"with {learn_codes['topk']} documents",
     ]
 
 
@@ -79,9 +83,19 @@ def smoke_sentences() -> list[str]:
     ]
 
 
-@pytest.mark.parametrize("sentence", learn_codes_sentences() + agent_loops_sentences() + smoke_sentences())
+def words(doc: str) -> str:
+    """A doc's text with its line breaks as spaces."""
+    return " ".join((REPO / "docs" / doc).read_text().split())
+
+
+@pytest.mark.parametrize("sentence", learn_codes_sentences() + learn_codes_agent_sentences())
+def test_docs_main_job_states_the_main_jobs_values(sentence):
+    assert sentence in words("main_job.md"), sentence
+
+
+@pytest.mark.parametrize("sentence", agent_loops_sentences() + smoke_sentences())
 def test_docs_cpu_states_the_recipes_values(sentence):
-    assert sentence in " ".join((REPO / "docs" / "cpu.md").read_text().split()), sentence
+    assert sentence in words("cpu.md"), sentence
 
 
 def test_a_value_changed_without_its_doc_is_caught(tmp_path):
@@ -92,7 +106,7 @@ def test_a_value_changed_without_its_doc_is_caught(tmp_path):
     (tmp_path / "learn_codes.yaml").write_text(yaml.safe_dump(config))
     launcher = tmp_path / "learn_codes.sh"
     launcher.write_text(re.sub(r"WARM_STEPS:-\d+", "WARM_STEPS:-999", launcher.read_text()))
-    doc = " ".join((REPO / "docs" / "cpu.md").read_text().split())
+    doc = words("main_job.md")
     missing = [sentence for sentence in learn_codes_sentences(tmp_path) if sentence not in doc]
     expected = ["lr 3e-4, 4 actor updates per step", "BUILD_SEED=0 COPY_STEPS=800 WARM_STEPS=999", "`WARM_STEPS=999`"]
     assert missing == expected
@@ -358,24 +372,3 @@ def test_a_changed_released_value_is_caught():
         "mem1 algorithm.use_kl_in_reward: algorithm.use_kl_in_reward: false not in the row 'KL'",
     ]
     assert fidelity_problems(doc, settings) == ["mem1 max_turns: 7 not in the row 'turns'"]
-
-
-# ---- README.md: the layout table names every package and top-level module -------------------------
-
-
-def layout_names(readme: str) -> set[str]:
-    """What the README's layout rows of `verl_memagent/...` name: `algo/` -> algo, `doctor.py` -> doctor."""
-    names = set()
-    for row in table_rows(section(readme, "Layout")):
-        if row[0].startswith("`verl_memagent/"):
-            spans = code_spans(" ".join(row))
-            names |= {span.removeprefix("verl_memagent/").removesuffix("/").removesuffix(".py") for span in spans}
-    return names
-
-
-def test_readme_layout_names_every_package_and_top_level_module():
-    package = REPO / "verl_memagent"
-    ours = {path.stem for path in package.glob("*.py")} | {path.parent.name for path in package.glob("*/__init__.py")}
-    readme = (REPO / "README.md").read_text()
-    assert ours - {"__init__"} - layout_names(readme) == set()
-    assert "progress" not in layout_names(readme.replace("| `verl_memagent/progress.py` |", "| `elsewhere.py` |"))

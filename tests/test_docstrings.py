@@ -1,6 +1,7 @@
-"""Public methods say what they do where their name does not say it all: every public method (and
-property) of a class in `agent/`, `algo/` and `search/` has a docstring, its own or the one of the
-method it overrides (`inspect.getdoc` reads it from the base class, verl's included)."""
+"""Public functions and methods say what they do where their name does not say it all: every public
+function of a module in `agent/`, `algo/` and `search/` has a docstring, and so does every public
+method (and property) of its classes, its own or the one of the method it overrides (`inspect.getdoc`
+reads it from the base class, verl's included)."""
 
 from __future__ import annotations
 
@@ -21,8 +22,13 @@ def modules() -> list[str]:
 
 
 def undocumented(module) -> list[str]:
-    """`Class.method` of the module's own public classes whose public methods have no docstring, own or inherited."""
+    """The module's own public functions without a docstring, and `Class.method` of its own public classes
+    whose public methods have no docstring, own or inherited."""
     found = []
+    for name, member in vars(module).items():
+        if inspect.isfunction(member) and not name.startswith("_") and member.__module__ == module.__name__:
+            if not inspect.getdoc(member):
+                found.append(name)
     for class_name, cls in vars(module).items():
         if class_name.startswith("_") or not inspect.isclass(cls) or cls.__module__ != module.__name__:
             continue
@@ -40,8 +46,17 @@ def undocumented(module) -> list[str]:
     return found
 
 
-def test_the_check_sees_a_method_without_a_docstring():
+def test_the_check_sees_a_function_or_method_without_a_docstring():
     module = type(inspect)("verl_memagent.agent.example")
+
+    def said():
+        """Documented."""
+
+    def unsaid():
+        pass
+
+    def _private():
+        pass
 
     class Base:
         def said(self):
@@ -54,12 +69,12 @@ def test_the_check_sees_a_method_without_a_docstring():
         def unsaid(self):
             pass
 
-    for cls in (Base, Loop):
-        cls.__module__ = module.__name__
-        setattr(module, cls.__name__, cls)
-    assert undocumented(module) == ["Loop.unsaid"]
+    for member in (said, unsaid, _private, Base, Loop):
+        member.__module__ = module.__name__
+        setattr(module, member.__name__, member)
+    assert undocumented(module) == ["unsaid", "Loop.unsaid"]
 
 
 @pytest.mark.parametrize("name", modules())
-def test_public_methods_are_documented(name):
+def test_public_functions_and_methods_are_documented(name):
     assert undocumented(importlib.import_module(name)) == []

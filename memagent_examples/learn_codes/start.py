@@ -4,7 +4,7 @@ A warm start built from the same inputs on another machine is another model: ano
 arithmetic, amplified over 1,000 training steps of a tiny model, moved it from EM 0.62 to 0.19 on the
 task (benchmarks/RESULTS.md). So the main job starts from the reference warm start in `start/`,
 built once by the project's own `task warm-start` command and copied there, on every machine and for
-every RL seed; `START=build` builds one on this machine instead (docs/cpu.md).
+every RL seed; `START=build` builds one on this machine instead (docs/main_job.md).
 
 Every build writes `build.json` beside its weights: its inputs, the commit, the library versions,
 the CPU, and a digest of the contexts the agent loop built for the first demonstrations. The digest

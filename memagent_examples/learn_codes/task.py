@@ -13,7 +13,7 @@ demonstrated memory and final thought restate the passage's sentence word for wo
 of station century at gate born is album."), so copying is continuing a repeat, which is what
 copy pretraining teaches a random model. With 8 stations x 6 gates and a memory that paraphrased
 ("The password is album.") the warm-started model remembered the 32 demonstration doors' passwords
-instead and answered the task at chance (docs/cpu.md).
+instead and answered the task at chance (docs/main_job.md).
 
 A random model never writes the format, so `warm_start` first shows it the way: the real MemSearcher
 agent loop plays scripted demonstrations against the real retriever, and a short supervised pass on

@@ -1,4 +1,5 @@
-# Sourced by every recipe script: environment defaults, fail-fast checks and the verl launch.
+# Sourced by every recipe script (the CPU ones through recipes/cpu/preamble.sh): environment defaults,
+# fail-fast checks and the verl launch.
 #
 # A recipe script sets its defaults and OVERRIDES (hydra overrides, one array item each), then calls
 #   launch_main_ppo <config dir> <config name> "${OVERRIDES[@]}" "$@"

@@ -1,30 +1,29 @@
 #!/usr/bin/env bash
-# The main job on a laptop: MemSearcher learns a search task on CPU within minutes (docs/cpu.md).
+# The main job on a laptop: MemSearcher learns a search task on CPU within minutes (docs/main_job.md).
 #   recipes/cpu/learn_codes.sh [hydra overrides...]
 # Builds the password task (doors whose passwords only their own passage states, plus the bundled
 # corpus as distractors) and its BM25 index once per set of inputs, cached under
 # $MEMAGENT_CPU_CACHE/learn_codes/<key>. RL starts from the warm-started tiny model shipped in
 # memagent_examples/learn_codes/start (the same policy on every machine); START=build builds one here
 # instead (copy pretraining, then scripted MemSearcher demonstrations of other doors; cached too).
-# Then starts the retriever and verl's real trainer, and while the trainer starts scores the
-# warm-started policy with `verl-memagent eval` on the task's questions (greedy EM, and sampled EM over
-# $EVAL_SAMPLES samples) and on held-out doors it never trained on (greedy); prints one line per
-# training step (reward, answered share, searches per trajectory, seconds), scores the trained policy
-# the same way and saves reward_curve.png. The last line printed is one JSON object.
+# Then starts the retriever and verl's real trainer (through the recipes' launcher, as run.sh does:
+# N_GPUS_PER_NODE, NNODES and RAY_ADDRESS as there; the figures are of the default, one rank), and
+# while the trainer starts scores the warm-started policy with `verl-memagent eval` on the task's
+# questions (greedy EM, and sampled EM over $EVAL_SAMPLES samples) and on held-out doors it never
+# trained on (greedy); prints one line per training step (reward, answered share, searches per
+# trajectory, seconds), scores the trained policy the same way and saves reward_curve.png. The last
+# line printed is one JSON object.
 set -euo pipefail
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-WORK=$(mkdir -p "${WORK:-$ROOT/outputs/cpu/learn_codes}" && cd "${WORK:-$ROOT/outputs/cpu/learn_codes}" && pwd)
-CACHE=$(mkdir -p "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && cd "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/preamble.sh" learn_codes
 SEED=${SEED:-0}              # reinforcement learning: the order of the questions and the rollout's sampling
 START=${START:-shipped}      # shipped: RL starts from memagent_examples/learn_codes/start; build: from one built here
 BUILD_SEED=${BUILD_SEED:-0}  # START=build: the tiny model, the task and the warm start
 COPY_STEPS=${COPY_STEPS:-800}  # START=build
-WARM_STEPS=${WARM_STEPS:-200}  # START=build; benchmarks/warm_start_sweep.py: where the policy starts to be right (docs/cpu.md)
+WARM_STEPS=${WARM_STEPS:-200}  # START=build; benchmarks/warm_start_sweep.py: where the policy starts to be right (docs/main_job.md)
 EVAL_SAMPLES=${EVAL_SAMPLES:-4}
 # One torch thread per process: the job runs several processes on few cores, and torch's threads
-# spin-waiting for each other on a busy machine made a warm-start step 4x slower (docs/cpu.md).
+# spin-waiting for each other on a busy machine made a warm-start step several times slower (docs/main_job.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 AGENT_LOOPS=$HERE/learn_codes_agent_loops.yaml
 CORPUS=$ROOT/data/corpus.jsonl
@@ -44,7 +43,6 @@ heartbeat() { # LABEL COMMAND...: run COMMAND; while it runs, say so every 20 s 
   done
   wait "$pid"
 }
-source "$HERE/retriever.sh"
 
 SHIPPED=$ROOT/memagent_examples/learn_codes/start
 case $START in
@@ -118,15 +116,7 @@ verl-memagent prepare --input "$BUILD/task/qa.jsonl" --agent memsearcher --out "
 # starting policy is scored beside it; the step lines follow once the score is printed
 phase "starting verl's trainer (details in $WORK/train.log)"
 : >"$WORK/metrics.jsonl"
-VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" python -m verl.trainer.main_ppo \
-  --config-path="$HERE" --config-name=learn_codes \
-  actor_rollout_ref.model.path="$POLICY" \
-  data.train_files="$WORK/train.parquet" \
-  data.val_files="$WORK/train.parquet" \
-  data.seed="$SEED" \
-  actor_rollout_ref.rollout.seed="$SEED" \
-  actor_rollout_ref.rollout.agent.agent_loop_config_path="$AGENT_LOOPS" \
-  trainer.default_local_dir="$WORK/checkpoints" \
+AGENT_LOOPS_YAML=$AGENT_LOOPS train_on_cpu learn_codes "$POLICY" data.seed="$SEED" actor_rollout_ref.rollout.seed="$SEED" \
   "$@" >"$WORK/train.log" 2>&1 &
 TRAINER=$!
 score_policy before_rl "$POLICY"

@@ -19,25 +19,14 @@ case "$AGENT" in
   *) echo "unknown agent '$AGENT': expected memsearcher, mem1 or react" >&2; exit 2 ;;
 esac
 
-HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
-ROOT=$(cd "$HERE/../.." && pwd)
-WORK=$(mkdir -p "${WORK:-$ROOT/outputs/cpu/$AGENT}" && cd "${WORK:-$ROOT/outputs/cpu/$AGENT}" && pwd)
-CACHE=$(mkdir -p "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && cd "${MEMAGENT_CPU_CACHE:-$ROOT/outputs/cpu/cache}" && pwd)
+source "$(dirname "${BASH_SOURCE[0]}")/preamble.sh" "$AGENT"
 QA=${QA:-$ROOT/data/qa_multihop.jsonl}
 
 [ -f "$CACHE/model/config.json" ] || verl-memagent tiny-model --out "$CACHE/model" >/dev/null
 [ -f "$CACHE/bm25/meta.json" ] || python -m retriever_server build --kind bm25 --corpus "$ROOT/data/corpus.jsonl" \
   --out "$CACHE/bm25" >/dev/null
 
-source "$HERE/retriever.sh"
 start_retriever "$CACHE/bm25" "$WORK"
 
 verl-memagent prepare --input "$QA" --agent "$AGENT" --out "$WORK/train.parquet" --seed 0 "${PREPARE[@]}"
-
-# the test set is the training set: validation shows what the run learned on its own questions
-cp "$WORK/train.parquet" "$WORK/test.parquet"
-export VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl"
-source "$HERE/../common/launch.sh"
-MODEL_PATH="$CACHE/model" DATA_DIR="$WORK" AGENT_LOOPS_YAML=${AGENT_LOOPS_YAML:-$HERE/agent_loops.yaml} \
-  N_GPUS_PER_NODE=${N_GPUS_PER_NODE:-1} PYTHON=python launch_main_ppo "$HERE" "$AGENT" \
-  trainer.default_local_dir="$WORK/checkpoints" "$@"
+AGENT_LOOPS_YAML=${AGENT_LOOPS_YAML:-$HERE/agent_loops.yaml} train_on_cpu "$AGENT" "$CACHE/model" "$@"

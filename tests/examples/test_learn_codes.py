@@ -172,7 +172,7 @@ def test_the_shipped_start_has_the_tokenizer_and_config_the_code_builds(tiny_mod
 
 def test_the_agent_loop_builds_the_contexts_the_shipped_start_learned(task):
     """A prompt, template or format change shows the shipped start contexts it was not trained on:
-    then this fails, and the start must be rebuilt and shipped anew (docs/cpu.md)."""
+    then this fails, and the start must be rebuilt and shipped anew (docs/main_job.md)."""
     paths, url = task
     record = read_record(SHIPPED)
     doors = [Door(**json.loads(line)) for line in paths["demos"].read_text().splitlines()][

@@ -8,6 +8,7 @@ MODEL_PATH (verl's model config loads it; hub names cannot be reached here).
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import socket
 import subprocess
@@ -95,6 +96,57 @@ def test_misspelt_yaml_key_is_named(tmp_path, prepared, tiny_model_dir):
     launch = type(launch)(config_dir, launch.config_name, launch.overrides)
     with pytest.raises(ValueError, match=r"actor_rollout_ref\.actor\.entropy_coef"):
         check_config(compose(launch), launch.recipe_yaml)
+
+
+LAUNCHER = REPO / "recipes/common/launch.sh"
+#: the recipe scripts that train: the GPU recipes and the CPU ones (recipes/cpu/preamble.sh's train_on_cpu)
+TRAINING_SCRIPTS = [*RECIPE_SCRIPTS, REPO / "recipes/cpu/run.sh", REPO / "recipes/cpu/learn_codes.sh"]
+
+
+def _commands(script: Path) -> str:
+    """The script's text without its comments."""
+    return "\n".join(line.split("#", 1)[0] for line in script.read_text().splitlines())
+
+
+def test_every_recipe_starts_verls_trainer_through_the_launcher():
+    """recipes/common/launch.sh is the one place a recipe script starts main_ppo (its environment
+    defaults, fail-fast checks, CPU resources and `ray job submit` then hold for every recipe)."""
+    own_launch = [
+        p.name for p in REPO.glob("recipes/**/*.sh") if p != LAUNCHER and "verl.trainer.main_ppo" in _commands(p)
+    ]
+    assert own_launch == []
+    # each calls the launcher, or train_on_cpu (which calls it), or execs a recipe script that does (react)
+    launches = re.compile(r"\blaunch_main_ppo\b|\btrain_on_cpu\b|exec .*/run_[\w.]+\.sh")
+    assert [p.name for p in TRAINING_SCRIPTS if not launches.search(_commands(p))] == []
+
+
+def test_the_main_jobs_trainer_launch_composes(tmp_path, prepared):
+    """What recipes/cpu/learn_codes.sh hands the launcher (train_on_cpu learn_codes, the shipped warm start,
+    its agent loops), printed in dry-run mode, composes to the run on CPU at one rank. (check_config is
+    not applied: learn_codes.yaml leaves default_agent_loop to verl's, the parquet's agent_name column
+    picks memsearcher.)"""
+    from verl_memagent.cpu.topology import Topology
+
+    harness = tmp_path / "train.sh"
+    harness.write_text(
+        "set -euo pipefail\n"
+        f'source "{REPO}/recipes/cpu/preamble.sh" learn_codes\n'
+        f'cp "{prepared["memsearcher"]}/train.parquet" "$WORK/train.parquet"\n'
+        'AGENT_LOOPS_YAML=$HERE/learn_codes_agent_loops.yaml train_on_cpu learn_codes "$START" data.seed=3\n'
+    )
+    work, start = tmp_path / "work", REPO / "memagent_examples/learn_codes/start"
+    launch = dry_run(harness, {"WORK": str(work), "MEMAGENT_CPU_CACHE": str(tmp_path / "cache"), "START": str(start)})
+    assert launch.recipe_yaml == REPO / "recipes/cpu/learn_codes.yaml"
+    config = compose(launch)
+    assert config.actor_rollout_ref.model.path == str(start)
+    assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(
+        REPO / "recipes/cpu/learn_codes_agent_loops.yaml"
+    )
+    assert (config.data.train_files, config.data.val_files) == (str(work / "train.parquet"), str(work / "test.parquet"))
+    assert (work / "test.parquet").read_bytes() == (work / "train.parquet").read_bytes()
+    assert config.trainer.default_local_dir == str(work / "checkpoints") and config.data.seed == 3
+    assert (config.trainer.device, config.trainer.n_gpus_per_node, config.trainer.nnodes) == ("cpu", 1, 1)
+    assert dict(config.ray_kwargs.ray_init) == {**config.ray_kwargs.ray_init, **Topology(1).local_ray()}
 
 
 def _run_for_real(script: Path, **env: str) -> subprocess.CompletedProcess:

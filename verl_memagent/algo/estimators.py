@@ -109,6 +109,8 @@ def final_rows(layout: TrajectoryLayout, eligible: torch.Tensor | None = None) -
 
 
 def check_finite(name: str, values: torch.Tensor, what: str) -> None:
+    """Raise, naming the estimator and what is not finite, where one NaN or inf would spread silently
+    through the group means (or the GAE chain) into every advantage of the batch."""
     bad = ~torch.isfinite(values)
     if bad.any():
         raise ValueError(
@@ -123,6 +125,8 @@ def _turns_per_trajectory(layout: TrajectoryLayout) -> torch.Tensor:
 
 
 def layout_metrics(layout: TrajectoryLayout) -> dict[str, float]:
+    """The batch's shape as `multi_context/*` metrics: trajectories, turns per trajectory (mean, max) and
+    the padding rows verl added to balance the batch over the ranks."""
     turns = _turns_per_trajectory(layout).float()
     return {
         "multi_context/trajectories": float(layout.num_trajectories),

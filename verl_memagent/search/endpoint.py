@@ -64,6 +64,7 @@ def _body(raw: bytes) -> dict:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The probe for shell scripts: exit status 1 if any URL does not answer (each named on stderr unless --quiet)."""
     parser = argparse.ArgumentParser(
         prog="python -m verl_memagent.search.endpoint",
         description="Exit 0 when every retriever answers GET /health with a 2xx status (ready or degraded).",
