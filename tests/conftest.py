@@ -6,6 +6,12 @@ import os
 from pathlib import Path
 
 import pytest
+from hypothesis import settings
+
+# Property tests check what is computed, never how fast: hypothesis's 200 ms deadline per example failed
+# them on a loaded 2-core machine (308 ms in test_agent_metrics), so no test here has one.
+settings.register_profile("no_deadline", deadline=None)
+settings.load_profile("no_deadline")
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 DATA_DIR = REPO_ROOT / "data"
