@@ -99,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
         for run in args.runs:
             examples = [json.loads(line) for line in (run / "examples.jsonl").read_text().splitlines()]
             for dataset, (queries, memories, total) in reading_counts(examples).items():
-                print(f"{run} {dataset}: queries naming the door {queries}/{total}, memory holding its password {memories}/{total}")
+                named, held = f"{queries}/{total}", f"{memories}/{total}"
+                print(f"{run} {dataset}: queries naming the door {named}, memory holding its password {held}")
         return 0
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
@@ -108,7 +109,10 @@ def main(argv: list[str] | None = None) -> int:
     for path in args.models:
         model = AutoModelForCausalLM.from_pretrained(path).eval()
         if args.probe == "copy":
-            cells = [f"d{copy - at}@{length}: {copy_accuracy(model, length, at, copy):.2f}" for length, at, copy in COPY_PROBES]
+            cells = [
+                f"d{copy - at}@{length}: {copy_accuracy(model, length, at, copy):.2f}"
+                for length, at, copy in COPY_PROBES
+            ]
             print(path, *cells)
             continue
         tokenizer = AutoTokenizer.from_pretrained(path)

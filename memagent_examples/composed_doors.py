@@ -367,7 +367,9 @@ def main(argv: list[str] | None = None) -> int:
     copy.add_argument("--model", type=Path, required=True)
     copy.add_argument("--out", type=Path, required=True)
     copy.add_argument("--steps", type=int, default=800, help="steps on adjacent repeats (induction heads form)")
-    copy.add_argument("--distant-steps", type=int, default=1500, help="then steps on COPY_ROWS (copies at any distance)")
+    copy.add_argument(
+        "--distant-steps", type=int, default=1500, help="then steps on COPY_ROWS (copies at any distance)"
+    )
     copy.add_argument("--seed", type=int, default=0)
     warm = sub.add_parser("warm-start", help="supervised steps on one agent's demonstrations")
     warm.add_argument("--agent", required=True, choices=("memsearcher", "mem1", "react"))
@@ -395,7 +397,10 @@ def main(argv: list[str] | None = None) -> int:
         print(" ".join(f"{name}: {len(sets.of(name))} doors" for name in SETS))
     elif args.command == "copy-pretrain":
         losses = copy_pretrain(args.model, args.out, args.steps, args.distant_steps, args.seed)
-        print(f"copy pretraining: {args.steps} + {args.distant_steps} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}")
+        print(
+            f"copy pretraining: {args.steps} + {args.distant_steps} steps,"
+            f" loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}"
+        )
     else:
         losses = warm_start_agent(
             args.agent,

@@ -167,7 +167,9 @@ class CopyRows:
         return loss
 
 
-def copy_pretraining(model, steps: int, lr: float = 1e-3, seed: int = 0, rows: CopyRows = CopyRows(adjacent=32)) -> list[float]:
+def copy_pretraining(
+    model, steps: int, lr: float = 1e-3, seed: int = 0, rows: CopyRows = CopyRows(adjacent=32)
+) -> list[float]:
     """AdamW steps on copy rows (`rows`; by default 32 `copy_batch` rows): the standard way to form
     induction heads (attend to the token after the previous occurrence of this one, copy it). Returns
     the loss of each step.
@@ -194,11 +196,11 @@ def supervised_steps(
     """AdamW steps of next-token loss on the labelled tokens; returns the loss of each step.
 
     `extra_rows` (each with a `loss(model, generator)`, as `CopyRows`) add the loss of synthetic rows to
-    each step: copy rows keep the copying `copy_pretraining` formed while the format is learned. `unpadded`: the same loss (the
-    mean over the batch's labelled tokens) computed one sample at a time, without padding: with a
-    padding mask torch's CPU attention materialises every row's full score matrix, which made a batch
-    of ReAct trajectories of up to 3k tokens take 27 s a step (the main job's short contexts keep the
-    padded batch, whose floats its shipped start was built with).
+    each step: copy rows keep the copying `copy_pretraining` formed while the format is learned.
+    `unpadded`: the same loss (the mean over the batch's labelled tokens) computed one sample at a
+    time, without padding: with a padding mask torch's CPU attention materialises every row's full
+    score matrix, which made a batch of ReAct trajectories of up to 3k tokens take 27 s a step (the
+    main job's short contexts keep the padded batch, whose floats its shipped start was built with).
     """
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed + 1)

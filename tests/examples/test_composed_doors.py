@@ -171,7 +171,9 @@ def test_answer_rows_end_in_the_agents_answer_to_the_statements_they_hold(task, 
         assert ids[labelled[0] - len(rows.opener) : labelled[0]] == list(rows.opener)
         assert ids[len(ids) - len(rows.closer) :] == list(rows.closer)
         is_id, stop = rows.statement_end
-        stated = [ids[i + 1] for i in range(labelled[0] - len(rows.opener) - 2) if ids[i] == is_id and ids[i + 2] == stop]
+        stated = [
+            ids[i + 1] for i in range(labelled[0] - len(rows.opener) - 2) if ids[i] == is_id and ids[i + 2] == stop
+        ]
         remaining = iter(stated)  # the values are stated in the answer's order (filler may state more)
         assert all(value in remaining for value in values)
         counts.add(len(values))

@@ -153,7 +153,13 @@ def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokeni
 
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     losses = supervised_steps(
-        model, samples, steps=12, lr=2e-3, batch_size=4, pad_token_id=tokenizer.pad_token_id, extra_rows=(CopyRows(adjacent=2),)
+        model,
+        samples,
+        steps=12,
+        lr=2e-3,
+        batch_size=4,
+        pad_token_id=tokenizer.pad_token_id,
+        extra_rows=(CopyRows(adjacent=2),),
     )
     assert sum(losses[-3:]) < sum(losses[:3])
 
@@ -224,7 +230,9 @@ def test_a_checkpoint_after_k_steps_is_the_model_of_a_k_step_run(tiny_model_dir,
     """What `warm-start --checkpoint-every` and benchmarks/warm_start_sweep.py rely on."""
     generator = torch.Generator().manual_seed(0)
     samples = [(ids, ids) for ids in torch.randint(5, 200, (6, 24), generator=generator).tolist()]
-    run = dict(samples=samples, lr=1e-3, batch_size=2, pad_token_id=tokenizer.pad_token_id, extra_rows=(CopyRows(adjacent=1),))
+    run = dict(
+        samples=samples, lr=1e-3, batch_size=2, pad_token_id=tokenizer.pad_token_id, extra_rows=(CopyRows(adjacent=1),)
+    )
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
     saved = {}
 

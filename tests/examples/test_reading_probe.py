@@ -24,8 +24,10 @@ def call(query: str) -> str:
 def test_reading_counts_count_each_objectives_query_and_memory():
     written = [
         # the first door searched and kept; the memory then names a wrong password for the second door
-        call("password of station held at gate conc") + "\n<memory> The password of station held at gate conc is seat. </memory>",
-        call("password of station mall at gate origins") + "<memory> The password of station mall at gate origin is game. </memory>",
+        call("password of station held at gate conc")
+        + "\n<memory> The password of station held at gate conc is seat. </memory>",
+        call("password of station mall at gate origins")
+        + "<memory> The password of station mall at gate origin is game. </memory>",
         "<think> done </think> \\boxed{ seat; game}",
     ]
     example = {
@@ -40,7 +42,11 @@ def test_reading_counts_count_each_objectives_query_and_memory():
 
 
 def test_task_doors_reads_one_door_questions_as_mem1_composes_them(tmp_path):
-    record = {"id": "held_out-0", "question": "What is the password of station breed at gate expl?", "golden_answers": ["executive"]}
+    record = {
+        "id": "held_out-0",
+        "question": "What is the password of station breed at gate expl?",
+        "golden_answers": ["executive"],
+    }
     (tmp_path / "held_out.jsonl").write_text(json.dumps(record) + "\n" + json.dumps(record) + "\n")
     doors = reading_probe.task_doors(tmp_path / "held_out.jsonl", 1)
     assert doors == [("Answer the following questions: " + record["question"], "breed", "expl", "executive")]
