@@ -111,6 +111,15 @@ def test_trainer_mode_selects_our_trainer_which_keeps_verls_sync_semantics():
     assert type(async_trainer.replay_buffer) is ReplayBufferAsync
 
 
+@pytest.mark.parametrize("mode", ["memagent_colocate_async", "memagent_separate_async"])
+def test_the_async_trainers_refuse_the_hf_rollout_naming_vllm_and_the_mode(mode):
+    config = verl_config(*BASE, f"trainer.v1.trainer_mode={mode}", "actor_rollout_ref.rollout.name=hf")
+    with pytest.raises(ValueError, match=rf"trainer_mode={mode} needs partial rollout.*rollout.name=vllm"):
+        get_trainer_cls(mode)(config)
+    sync = verl_config(*BASE, "actor_rollout_ref.rollout.name=hf")
+    assert get_trainer_cls("memagent_sync")(sync).trainer_mode == "sync"  # the sync trainer runs on hf
+
+
 def test_optimizer_steps_per_update_follow_configuration_not_turn_counts(transfer_queue):
     trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.fixed_optimizer_steps=true"))
     verl_trainer = PPOTrainerSync(verl_config(*BASE, "trainer.v1.trainer_mode=sync"))
@@ -283,3 +292,20 @@ def test_shuffled_steps_cannot_be_checked_and_are_refused(transfer_queue):
         ValueError, match=r"actor_rollout_ref.actor.shuffle: true .* set actor_rollout_ref.actor.shuffle=false"
     ):
         trainer._update_actor(_rows("shuffled", real=4), metrics={})
+
+
+def test_sequence_level_rollout_correction_is_refused_since_a_row_is_part_of_a_trajectory():
+    for option in (
+        "algorithm.rollout_correction.rollout_is=sequence",
+        "algorithm.rollout_correction.rollout_rs=seq_sum_k1",
+    ):
+        with pytest.raises(
+            ValueError, match=r"rollout_correction: rollout_(is=sequence|rs=seq_sum_k1) .*part of a trajectory"
+        ):
+            MultiContextTrainerSync(verl_config(*BASE, option))
+    token_level = ["algorithm.rollout_correction.rollout_is=token", "algorithm.rollout_correction.rollout_rs=token_k1"]
+    assert MultiContextTrainerSync(verl_config(*BASE, *token_level)).trainer_mode == "sync"
+    builtin = MultiContextTrainerSync(
+        verl_config(*BASE, "algorithm.adv_estimator=grpo", token_level[0][:-5] + "sequence")
+    )
+    assert builtin.trainer_mode == "sync"  # verl's own estimators: rows are whole sequences, verl's business

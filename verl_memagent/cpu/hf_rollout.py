@@ -6,9 +6,11 @@ workers, a server actor whose `generate` the agent loops call (llm_server.py `LL
 `BaseRollout` "server adapter" living in each training worker, through which the trainer's in-process
 ("naive") sync hands over full weights after every step (engine_workers.py `update_weights`).
 Here the server is an `HFGenerator` on CPU; weights and cache live in host memory, so sleep and wake
-have nothing to free. The colocated trainers run (`sync`, `colocate_async`: the async one pauses the
-server around weight updates with `abort_all_requests` / `resume_generation`); `separate_async` needs
-rollout replicas on GPUs of their own (standalone mode), which this backend does not launch.
+have nothing to free. verl's colocated trainers run (`sync`, `colocate_async`: the async one pauses the
+server around weight updates with `abort_all_requests` / `resume_generation`, which here drain running
+requests instead of cutting them short, so the project's async trainers refuse this backend:
+`algo.trainer.check_rollout_backend`); `separate_async` needs rollout replicas on GPUs of their own
+(standalone mode), which this backend does not launch.
 """
 
 from __future__ import annotations
