@@ -301,7 +301,7 @@ def warm_start_agent(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memagent_examples.learn_codes.start import build_record, contexts_digest
+    from memagent_examples.learn_codes.start import BuildSaver, build_record, contexts_digest
     from memagent_examples.learn_codes.warm_start import scripted_samples, supervised_steps
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
@@ -327,15 +327,7 @@ def warm_start_agent(
     inputs |= {"tasks_per_objective": tasks_per_objective, "objectives": list(objectives)}
     record = {**build_record(inputs, contexts_digest(samples[:64])), "samples": len(samples)}
 
-    def save(to: Path, steps_done: int) -> None:
-        model.save_pretrained(to)
-        tokenizer.save_pretrained(to)
-        (to / "build.json").write_text(json.dumps({**record, "inputs": {**inputs, "steps": steps_done}}, indent=2))
-
-    def checkpoint(step: int) -> None:
-        if checkpoint_every and step % checkpoint_every == 0:
-            save(out / f"step_{step}", step)
-
+    saver = BuildSaver(model, tokenizer, record, out, checkpoint_every)
     losses = supervised_steps(
         model,
         samples,
@@ -345,10 +337,10 @@ def warm_start_agent(
         tokenizer.pad_token_id,
         seed,
         extra_rows=(COPY_ROWS, AnswerRows.of(model_format, tokenizer, answer_rows)) if answer_rows else (COPY_ROWS,),
-        after_step=checkpoint,
+        after_step=saver.after_step,
         unpadded=True,
     )
-    save(out, steps)
+    saver.save(out, steps)
     return losses
 
 

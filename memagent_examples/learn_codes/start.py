@@ -85,3 +85,22 @@ def read_record(start: Path = SHIPPED) -> dict:
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no build record; a warm start is a directory `task warm-start` wrote")
     return json.loads(path.read_text())
+
+
+class BuildSaver:
+    """Saves a warm start being built with its build record (`RECORD`, the steps done so far): at the end
+    (`save`), and every `every` steps to `out/step_N` (`after_step`, for `supervised_steps`), the same
+    models as runs of N steps."""
+
+    def __init__(self, model, tokenizer, record: dict, out: Path, every: int = 0):
+        self.model, self.tokenizer, self.record, self.out, self.every = model, tokenizer, record, out, every
+
+    def save(self, to: Path, steps_done: int) -> None:
+        self.model.save_pretrained(to)
+        self.tokenizer.save_pretrained(to)
+        inputs = {**self.record["inputs"], "steps": steps_done}
+        (to / RECORD).write_text(json.dumps({**self.record, "inputs": inputs}, indent=2) + "\n")
+
+    def after_step(self, step: int) -> None:
+        if self.every and step % self.every == 0:
+            self.save(self.out / f"step_{step}", step)

@@ -177,7 +177,7 @@ def warm_start(
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memagent_examples.learn_codes.start import DIGESTED_DOORS, RECORD, build_record, contexts_digest
+    from memagent_examples.learn_codes.start import DIGESTED_DOORS, BuildSaver, build_record, contexts_digest
     from memagent_examples.learn_codes.warm_start import CopyRows, copy_pretraining, supervised_steps
 
     doors = [Door(**json.loads(line)) for line in demos.read_text().splitlines()]
@@ -190,22 +190,14 @@ def warm_start(
     inputs = {"seed": seed, "copy_steps": copy_steps, "steps": steps, "lr": lr, "batch_size": batch_size}
     record = build_record(inputs, contexts_digest(digested))
 
-    def save(to: Path, steps_done: int) -> None:
-        model.save_pretrained(to)
-        tokenizer.save_pretrained(to)
-        (to / RECORD).write_text(json.dumps({**record, "inputs": {**inputs, "steps": steps_done}}, indent=2) + "\n")
-
+    saver = BuildSaver(model, tokenizer, record, out, checkpoint_every)
     copy_losses = copy_pretraining(model, copy_steps, seed=seed)
     print(f"copy pretraining: {copy_steps} steps, loss {copy_losses[0]:.3f} -> {copy_losses[-1]:.3f}")
 
-    def checkpoint(step: int) -> None:
-        if checkpoint_every and step % checkpoint_every == 0:
-            save(out / f"step_{step}", step)
-
     losses = supervised_steps(
-        model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, (CopyRows(adjacent=16),), checkpoint
+        model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, (CopyRows(adjacent=16),), saver.after_step
     )
-    save(out, steps)
+    saver.save(out, steps)
     return losses
 
 
