@@ -25,6 +25,8 @@ import json
 import re
 from pathlib import Path
 
+from memagent_examples.learn_codes.task import Door
+
 #: (row length, segment position, copy position): near and far copies, early and late in a row
 COPY_PROBES = ((128, 20, 60), (128, 10, 110), (512, 50, 450), (1024, 100, 950), (1024, 900, 1000))
 DOOR = re.compile(r"station (\S+) at gate (\S+?)\?")
@@ -63,7 +65,7 @@ def answer_hits(model, tokenizer, template: str, doors: list[tuple[str, str, str
 
     hits = 0
     for question, station, gate, password in doors:
-        statement = f"The password of station {station} at gate {gate} is {password}."
+        statement = Door(station, gate, password).statement
         prompt = re.sub(r"<memory>.*?</memory>", f"<memory> {statement} </memory>", template, flags=re.S)
         prompt = re.sub(r"<question>.*?</question>", f"<question> {question} </question>", prompt, flags=re.S)
         ids = tokenizer(prompt + f"<think> {statement} </think> \\boxed{{", add_special_tokens=False).input_ids
