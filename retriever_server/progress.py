@@ -61,17 +61,19 @@ class _LogLines:
         self.stream, self.label, self.total, self.unit, self.every_s = stream, label, total, unit, every_s
         self.done = 0
         self._ended = threading.Event()
+        self._reporter = threading.Thread(target=self._report, name="build-progress", daemon=True)
         self._started = time.monotonic()
 
     def update(self, count: int) -> None:
         self.done += count
 
     def __enter__(self) -> _LogLines:
-        threading.Thread(target=self._report, name="build-progress", daemon=True).start()
+        self._reporter.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
         self._ended.set()
+        self._reporter.join()  # its last line written before this phase's end: lines never interleave
         if exc_info[0] is None:
             elapsed = time.monotonic() - self._started
             self._write(f"done, {self._meter(elapsed)}" if self.done else f"done in {tqdm.format_interval(elapsed)}")
