@@ -97,11 +97,15 @@ def labelled_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, attentio
     return torch.nn.functional.cross_entropy(model.lm_head(hidden[keep]).float(), targets[keep], reduction=reduction)
 
 
-def adamw_steps(model, steps: int, lr: float, step_loss, desc: str, after_step=None) -> list[float]:
+def adamw_steps(
+    model, steps: int, lr: float, step_loss, desc: str, after_step=None, decay: bool = False
+) -> list[float]:
     """`steps` AdamW updates of `model` on `step_loss()` (a fresh batch's loss each call), in train
     mode, back in eval mode after; returns the loss of each step. Reports progress as `desc`.
-    `after_step(n)`, if given, is called after the n-th update (1-based), the model in train mode."""
+    `after_step(n)`, if given, is called after the n-th update (1-based), the model in train mode.
+    `decay`: the learning rate falls linearly from `lr` to 0 over the steps, instead of staying at `lr`."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1 - done / steps if decay else 1.0)
     model.train()
     losses = []
     with progress(steps, desc) as bar:
@@ -110,6 +114,7 @@ def adamw_steps(model, steps: int, lr: float, step_loss, desc: str, after_step=N
             optimizer.zero_grad()
             loss.backward()
             optimizer.step()
+            schedule.step()
             losses.append(loss.item())
             if after_step is not None:
                 after_step(step)
@@ -192,6 +197,7 @@ def supervised_steps(
     extra_rows: Sequence = (),
     after_step=None,
     unpadded: bool = False,
+    decay: bool = False,
 ):
     """AdamW steps of next-token loss on the labelled tokens; returns the loss of each step.
 
@@ -201,6 +207,7 @@ def supervised_steps(
     time, without padding: with a padding mask torch's CPU attention materialises every row's full
     score matrix, which made a batch of ReAct trajectories of up to 3k tokens take 27 s a step (the
     main job's short contexts keep the padded batch, whose floats its shipped start was built with).
+    `decay`: as `adamw_steps`'.
     """
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -226,4 +233,4 @@ def supervised_steps(
         loss = unpadded_loss(batch) if unpadded else padded_loss(batch)
         return loss + sum(rows.loss(model, generator) for rows in extra_rows)
 
-    return adamw_steps(model, steps, lr, step_loss, "demonstrations", after_step)
+    return adamw_steps(model, steps, lr, step_loss, "demonstrations", after_step, decay)

@@ -34,6 +34,7 @@ from memagent_examples.learn_codes.task import (
 from memagent_examples.learn_codes.warm_start import (
     IGNORE,
     CopyRows,
+    adamw_steps,
     copy_batch,
     copy_pretraining,
     distant_copy_batch,
@@ -310,6 +311,23 @@ def test_copy_pretraining_updates_the_model(tiny_model_dir):
     losses = copy_pretraining(model, steps=2)
     assert len(losses) == 2 and all(8.0 < loss < 9.0 for loss in losses)  # ~ln(4096) for random tokens
     assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
+
+
+@pytest.mark.parametrize("decay, factors", [(False, [1, 1, 1, 1]), (True, [1, 0.75, 0.5, 0.25])])
+def test_adamw_steps_keep_or_linearly_decay_the_learning_rate(decay, factors):
+    """On a loss of constant gradient Adam's update is the learning rate itself, so each step's change
+    shows the rate it took: 0.1 throughout, or 0.1 falling by a quarter a step to 0.025 over 4 steps."""
+    model = torch.nn.Module()
+    model.weight = torch.nn.Parameter(torch.zeros(()))
+    values = []
+    adamw_steps(model, 4, 0.1, lambda: 3.0 * model.weight, "test", lambda _: values.append(model.weight.item()), decay)
+    expected, weight = [], 0.0
+    for factor in factors:  # AdamW: the weight shrinks by rate x 0.01 (its default decay), then moves by the rate
+        rate = 0.1 * factor
+        expected.append(weight - (weight * (1 - rate * 0.01) - rate))
+        weight -= expected[-1]
+    changes = [before - after for before, after in zip([0.0, *values[:-1]], values, strict=True)]
+    assert changes == pytest.approx(expected, abs=1e-6)
 
 
 def test_build_key_changes_with_every_input_of_the_build(tmp_path):
