@@ -8,9 +8,11 @@ every gold passage of the multi-hop questions plus distractors, `--dense-passage
            no batching, no cache (how Search-R1's server works, made thread-safe with a lock),
 and drives both over HTTP (aiohttp, this process) at concurrency 1, 8, 64 with 1 and 32 queries per
 request, topk 3, level by level in turn so all see the same machine load. For dense, ours runs
-three times: with the fp32 query encoder (`--quantize none`, as the naive server), and at its
+four times: with the fp32 query encoder (`--quantize none`, as the naive server), and at its
 defaults (int8 where this CPU runs it faster than fp32, else fp32: /health's `query_encoder`, in the
-report) with 1 and with N = one per core search processes. Then: a
+report) with 1 and with N = one per core search processes, and once more with 1 but no idle cores
+lent to a lone batch (`dense_default_fixed`: `--lone-threads` at its threads; `dense_default_over_fixed_*`
+in the headline). Then: a
 rollout-shaped load (each question sent by 5 trajectories), each encoder's in-process ceiling
 (per-query and batched, fp32 and int8; measured before and after the dense levels, averaged), a
 soak of
@@ -63,6 +65,8 @@ sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers 
 
 from retriever_process import ServerProcess, build_command, serve_command  # noqa: E402
 
+from retriever_server.options import default_threads  # noqa: E402
+
 TOPK = 3
 PROCESSES = max(2, len(os.sched_getaffinity(0)))  # the "N" of 1 vs N search processes: one per core
 # our dense server three times: label -> serve flags (the naive server runs fp32, as Search-R1's);
@@ -71,6 +75,7 @@ PROCESSES = max(2, len(os.sched_getaffinity(0)))  # the "N" of 1 vs N search pro
 DENSE_VARIANTS = {
     "dense": ["--quantize", "none"],
     "dense_default": [],
+    "dense_default_fixed": ["--lone-threads", str(default_threads(1))],  # no idle cores lent to a lone batch
     "dense_default_xN": ["--search-processes", str(PROCESSES)],
 }
 ENCODER_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")  # reported with figures
@@ -362,7 +367,6 @@ def encoder_ceiling(questions: list[str], threads: int | None, report: dict, key
     import torch
 
     from retriever_server.encoders import Encoder, resolve_spec
-    from retriever_server.options import default_threads
     from retriever_server.quantize import int8_slow_here
 
     torch.set_num_threads(threads or default_threads(1))  # as one search process of ours runs it
@@ -566,6 +570,9 @@ def headline(report: dict, threads: int | None) -> dict:
                 out[f"{label}_speedup_{level}"] = ratio(figure(f"{label}_{level}"), naive_qps)
         out[f"dense_default_xN_over_x1_{level}"] = ratio(
             figure(f"dense_default_xN_{level}"), figure(f"dense_default_{level}")
+        )
+        out[f"dense_default_over_fixed_{level}"] = ratio(
+            figure(f"dense_default_{level}"), figure(f"dense_default_fixed_{level}")
         )
     for kind in ("bm25", "dense"):
         naive_s = figure(f"naive_{kind}_ready", "median_s")
