@@ -158,7 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
         **{f.name: getattr(args, f.name) for f in fields(ServerLimits) if f.name != "token"}, token=token
     )
     threads = args.threads or default_threads(args.search_processes)
-    lone_threads = args.lone_threads or (args.threads or len(os.sched_getaffinity(0)))
+    lone_threads = args.lone_threads or args.threads or len(os.sched_getaffinity(0))
     load = LoadOptions(
         args.device,
         args.quantize,
