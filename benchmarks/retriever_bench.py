@@ -8,9 +8,11 @@ every gold passage of the multi-hop questions plus distractors, `--dense-passage
            no batching, no cache (how Search-R1's server works, made thread-safe with a lock),
 and drives both over HTTP (aiohttp, this process) at concurrency 1, 8, 64 with 1 and 32 queries per
 request, topk 3, level by level in turn so all see the same machine load. For dense, ours runs
-three times: with the fp32 query encoder (`--quantize none`, as the naive server), and at its
+four times: with the fp32 query encoder (`--quantize none`, as the naive server), and at its
 defaults (int8 where this CPU runs it faster than fp32, else fp32: /health's `query_encoder`, in the
-report) with 1 and with N = one per core search processes. Then: a
+report) with 1 and with N = one per core search processes, and once more with 1 but no idle cores
+lent to a lone batch (`dense_default_fixed`: `--lone-threads` at its threads; `dense_default_over_fixed_*`
+in the headline). Then: a
 rollout-shaped load (each question sent by 5 trajectories), each encoder's in-process ceiling
 (per-query and batched, fp32 and int8; measured before and after the dense levels, averaged), a
 soak of
@@ -25,6 +27,11 @@ search process per core against one search process, and `<kind>_ready_s_x1|xN` a
 `naive_<kind>_ready_s`. Every report carries the CPU it ran on (`cpu`: lscpu's model, family and the
 vector flags that decide the encoder, and what multiplies int8 matrices here).
 
+`--search-r1 FILE` measures Search-R1's own server (its `search_r1/search/retrieval_server.py`) in
+the dense levels beside the others, over the same faiss file, corpus and MiniLM, as released but
+for what a torch without CUDA needs (`SEARCH_R1_SITECUSTOMIZE`): `search_r1_*` and
+`dense_default_over_search_r1_*` in the headline.
+
 `--cpu-standin avx2` runs everything (this process, the servers, their search processes) as on a CPU
 with AVX2 and no AVX-512: oneDNN, MKL, fbgemm and ATen held to AVX2 by their environment variables,
 and torch's oneDNN turned off (a `sitecustomize` on PYTHONPATH), so that `torch._int_mm` runs the
@@ -34,6 +41,7 @@ picks its int8 product from cpuinfo, which they do not change.
     python benchmarks/retriever_bench.py [--work-dir DIR] [--questions 384] [--threads N]
         [--kinds bm25,dense] [--dense-passages 3000] [--rollout-questions 96]
         [--scale-passages 1000000] [--soak-requests 100000] [--startup-reps 3] [--cpu-standin avx2]
+        [--search-r1 Search-R1/search_r1/search/retrieval_server.py]
 """
 
 from __future__ import annotations
@@ -63,6 +71,8 @@ sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers 
 
 from retriever_process import ServerProcess, build_command, serve_command  # noqa: E402
 
+from retriever_server.options import default_threads  # noqa: E402
+
 TOPK = 3
 PROCESSES = max(2, len(os.sched_getaffinity(0)))  # the "N" of 1 vs N search processes: one per core
 # our dense server three times: label -> serve flags (the naive server runs fp32, as Search-R1's);
@@ -71,6 +81,7 @@ PROCESSES = max(2, len(os.sched_getaffinity(0)))  # the "N" of 1 vs N search pro
 DENSE_VARIANTS = {
     "dense": ["--quantize", "none"],
     "dense_default": [],
+    "dense_default_fixed": ["--lone-threads", str(default_threads(1))],  # no idle cores lent to a lone batch
     "dense_default_xN": ["--search-processes", str(PROCESSES)],
 }
 ENCODER_FLAGS = ("avx2", "avx512f", "avx512_vnni", "avx_vnni", "avx512_bf16", "amx_int8")  # reported with figures
@@ -87,6 +98,21 @@ AVX2_ENVIRONMENT = {
 STANDIN_SITECUSTOMIZE = (
     "import torch\n\ntorch.backends.mkldnn.enabled = False  # _int_mm: the loop of CPUs without VNNI\n"
 )
+# --search-r1 FILE: Search-R1's retrieval_server.py as released, but for what a torch without CUDA
+# needs: its model.cuda(), each input's .cuda() and model.half() (fp16 is fixed in its __main__) made
+# no-ops there, and its uvicorn.run(host="0.0.0.0", port=8000) sent to loopback and a free port
+SEARCH_R1_SITECUSTOMIZE = """import os
+
+import torch
+import uvicorn
+
+if not torch.cuda.is_available():
+    torch.nn.Module.cuda = lambda self, *args, **kwargs: self
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    torch.nn.Module.half = lambda self, *args, **kwargs: self
+_run, _port = uvicorn.run, int(os.environ["SEARCH_R1_PORT"])
+uvicorn.run = lambda app, **kwargs: _run(app, **{**kwargs, "host": "127.0.0.1", "port": _port})
+"""
 LEVELS = [(1, 1), (8, 1), (64, 1), (1, 32), (8, 32), (64, 32)]  # (concurrency, queries per request)
 
 
@@ -202,6 +228,52 @@ def naive(index_dir: Path, threads: int | None) -> ServerProcess:
     thread_flags = () if threads is None else ("--threads", str(threads))
     command = [sys.executable, __file__, "--naive-serve", str(index_dir), *thread_flags]
     return ready(ServerProcess(command, cwd=REPO, ready=False))
+
+
+class SearchR1Server:
+    """Search-R1's own server (`--search-r1`) over our dense index's faiss file and its corpus, the same
+    MiniLM (`--retriever_name minilm`: no prefix, mean pooling, normalised, 256 tokens, as MiniLM's
+    own settings), run as released but for `SEARCH_R1_SITECUSTOMIZE`; ready once /retrieve answers
+    (it has no /health)."""
+
+    def __init__(self, script: Path, index_dir: Path, corpus: Path):
+        site = Path(tempfile.mkdtemp(prefix="retriever_bench_search_r1_"))
+        standin = STANDIN_SITECUSTOMIZE if os.environ.get("RETRIEVER_BENCH_STANDIN") else ""
+        (site / "sitecustomize.py").write_text(SEARCH_R1_SITECUSTOMIZE + standin)  # first on the path: both
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            port = sock.getsockname()[1]
+        self.url, self.log = f"http://127.0.0.1:{port}", site / "server.log"
+        path = os.pathsep.join(filter(None, [str(site), os.environ.get("PYTHONPATH")]))
+        environment = {**os.environ, "PYTHONPATH": path, "SEARCH_R1_PORT": str(port), "HF_HUB_OFFLINE": "1"}
+        arguments = ["--index_path", str(index_dir / "faiss.index"), "--corpus_path", str(corpus)]
+        arguments += ["--topk", str(TOPK), "--retriever_name", "minilm", "--retriever_model", minilm_dir()]
+        started = time.monotonic()
+        with self.log.open("wb") as log:
+            self.process = subprocess.Popen(
+                [sys.executable, str(script), *arguments], cwd=script.parent, env=environment, stdout=log, stderr=log
+            )
+        while not self._answers():
+            if self.process.poll() is not None:
+                raise RuntimeError(f"Search-R1's server exited with {self.process.returncode}: see {self.log}")
+            time.sleep(0.1)
+        self.ready_s = time.monotonic() - started
+
+    def _answers(self) -> bool:
+        # return_scores: without it Search-R1's endpoint fails (it unpacks two values from one)
+        body = json.dumps({"queries": ["warm up"], "topk": TOPK, "return_scores": True}).encode()
+        request = urllib.request.Request(
+            f"{self.url}/retrieve", data=body, headers={"Content-Type": "application/json"}
+        )
+        try:
+            with urllib.request.urlopen(request, timeout=30):
+                return True
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        self.process.kill()
+        self.process.wait()
 
 
 def ready(server: ServerProcess) -> ServerProcess:
@@ -362,7 +434,6 @@ def encoder_ceiling(questions: list[str], threads: int | None, report: dict, key
     import torch
 
     from retriever_server.encoders import Encoder, resolve_spec
-    from retriever_server.options import default_threads
     from retriever_server.quantize import int8_slow_here
 
     torch.set_num_threads(threads or default_threads(1))  # as one search process of ours runs it
@@ -462,6 +533,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, help="threads of every server and the ceiling (default: their own)")
     parser.add_argument("--startup-reps", type=int, default=3, help="start-ups timed per server; 0 skips")
     parser.add_argument("--cpu-standin", choices=["avx2"], help="run as on a CPU of this kind (see above)")
+    parser.add_argument("--search-r1", type=Path, help="dense: Search-R1's retrieval_server.py, measured beside ours")
     parser.add_argument("--naive-serve", type=Path, help=argparse.SUPPRESS)
     parser.add_argument("--port-file", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
@@ -506,6 +578,10 @@ def main() -> None:
                 return server
 
             variants = DENSE_VARIANTS if kind == "dense" else {kind: []}
+            originals = {}
+            if kind == "dense" and args.search_r1:
+                originals["search_r1"] = start(SearchR1Server(args.search_r1.resolve(), index_dir, subset))
+                report["search_r1_ready_s"] = round(originals["search_r1"].ready_s, 1)
             baseline = start(naive(index_dir, args.threads))
             unique = {
                 label: start(ours(index_dir, args.threads, "--cache-size", "0", *flags))
@@ -515,7 +591,7 @@ def main() -> None:
                 for label, server in unique.items():
                     report[f"{label}_query_encoder"] = query_encoder(server)
                     print(f"{label + ' query encoder':28s} {json.dumps(report[label + '_query_encoder'])}", flush=True)
-            levels({f"naive_{kind}": baseline, **unique}, questions, gold, report)
+            levels({**originals, f"naive_{kind}": baseline, **unique}, questions, gold, report)
             report[f"naive_{kind}_peak_rss_mb"] = baseline.peak_rss_mb()
             for label, server in unique.items():
                 report[f"{label}_peak_rss_mb"] = server.peak_rss_mb()
@@ -567,13 +643,21 @@ def headline(report: dict, threads: int | None) -> dict:
         out[f"dense_default_xN_over_x1_{level}"] = ratio(
             figure(f"dense_default_xN_{level}"), figure(f"dense_default_{level}")
         )
+        out[f"search_r1_qps_{level}"] = figure(f"search_r1_{level}")
+        out[f"dense_default_over_search_r1_{level}"] = ratio(
+            figure(f"dense_default_{level}"), figure(f"search_r1_{level}")
+        )
+        out[f"dense_default_over_fixed_{level}"] = ratio(
+            figure(f"dense_default_{level}"), figure(f"dense_default_fixed_{level}")
+        )
     for kind in ("bm25", "dense"):
         naive_s = figure(f"naive_{kind}_ready", "median_s")
         out[f"naive_{kind}_ready_s"] = naive_s
         for n in ("x1", "xN"):
             out[f"{kind}_ready_s_{n}"] = figure(f"{kind}_{n}_ready", "median_s")
             out[f"{kind}_ready_{n}_over_naive"] = ratio(figure(f"{kind}_{n}_ready", "median_s"), naive_s)
-    for label in ("naive_bm25", "bm25", "naive_dense", *DENSE_VARIANTS):
+    out["search_r1_ready_s"] = report.get("search_r1_ready_s")
+    for label in ("naive_bm25", "bm25", "naive_dense", "search_r1", *DENSE_VARIANTS):
         out[f"{label}_recall_at_3"] = figure(f"{label}_c64_q1", "recall_at_3")
         out[f"{label}_rollout_qps"] = figure(f"{label}_rollout")
     out.update(

@@ -89,6 +89,12 @@ def _parser() -> argparse.ArgumentParser:
         "this process may use but one, divided among the search processes",
     )
     serve.add_argument(
+        "--lone-threads",
+        type=int,
+        help="dense: most threads of a search process for a batch that is the server's only work, on cores "
+        "that other processes left idle; default: the cores this process may use (with --threads: as --threads)",
+    )
+    serve.add_argument(
         "--search-processes", type=int, default=1, help="searchers (encoder + index), each a process loading the index"
     )
     serve.add_argument(
@@ -139,8 +145,9 @@ def _serve(args: argparse.Namespace) -> int:
 
     if args.search_processes < 1:
         raise ValueError(f"--search-processes: expected at least 1, got {args.search_processes}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads: expected at least 1, got {args.threads}")
+    for name in ("threads", "lone_threads"):
+        if getattr(args, name) is not None and getattr(args, name) < 1:
+            raise ValueError(f"--{name.replace('_', '-')}: expected at least 1, got {getattr(args, name)}")
     token = None
     if args.token_env:
         token = os.environ.get(args.token_env)
@@ -151,6 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
         **{f.name: getattr(args, f.name) for f in fields(ServerLimits) if f.name != "token"}, token=token
     )
     threads = args.threads or default_threads(args.search_processes)
+    lone_threads = args.lone_threads or args.threads or len(os.sched_getaffinity(0))
     load = LoadOptions(
         args.device,
         args.quantize,
@@ -158,6 +166,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.nprobe,
         args.ef_search,
         threads,
+        lone_threads,
         args.bm25_backend,
     )
     return serve(

@@ -145,10 +145,11 @@ class SearchEngine:
                 continue
             idle = sum(self.pool.is_live(i) and i not in self._busy for i in range(len(self.pool)))
             batch = self._take(min(self._max_batch, -(-self._waiting // max(1, idle))))
+            lone = not self._busy and not self._waiting  # the server's only work: it may use idle cores
             self._busy.add(index)
             started = time.perf_counter()
             try:
-                rows, scores = await self.pool.search(index, batch, self._depth)
+                rows, scores = await self.pool.search(index, batch, self._depth, lone)
             except SearchProcessDied:
                 self._search_again(batch)
                 continue

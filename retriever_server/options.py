@@ -33,6 +33,7 @@ class LoadOptions:
     nprobe: int = 32
     ef_search: int = 128
     threads: int = 1  # per search process: torch, BLAS, faiss, numba and Lucene threads
+    lone_threads: int | None = None  # dense: most encoder threads for a lone batch on idle cores (None: threads)
     bm25_backend: str = "auto"
 
 

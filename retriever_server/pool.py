@@ -110,14 +110,15 @@ class SearchPool:
     async def wait_live(self, index: int) -> None:
         await self._slots[index].live.wait()
 
-    async def search(self, index: int, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k rows and scores from process `index`; `SearchProcessDied` if it is down or dies."""
+    async def search(self, index: int, queries: list[str], k: int, lone: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k rows and scores from process `index` (`lone`: the server's only work);
+        `SearchProcessDied` if it is down or dies."""
         slot = self._slots[index]
         process = slot.process
         if process is None:
             raise SearchProcessDied(f"search process {index} is restarting")
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._executor, process.search, queries, k)
+            return await asyncio.get_running_loop().run_in_executor(self._executor, process.search, queries, k, lone)
         except SearchProcessDied:
             self._died(slot, process)
             raise

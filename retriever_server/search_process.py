@@ -7,7 +7,9 @@ own and the operating system runs them on separate cores. The server's search th
 batch down a pipe and waits for the (rows, scores) answer without holding the GIL. Cache,
 de-duplication and coalescing stay in the server (engine.py).
 Each child runs `LoadOptions.threads` threads in every library it loads (by default
-`options.default_threads`), so that the processes do not fight over the cores.
+`options.default_threads`), so that the processes do not fight over the cores; a dense child runs a
+batch that is the server's only work on the idle cores too, up to `LoadOptions.lone_threads`
+(`lone_threads.py`).
 
 A stop is the server's to make: the child ignores SIGINT and SIGTERM from its first instruction
 (they are blocked in the thread that spawns it, and it sets them ignored before unblocking), so a
@@ -35,6 +37,7 @@ import tqdm
 
 from retriever_server.errors import IndexLoadError
 from retriever_server.index import Searcher
+from retriever_server.lone_threads import LoneThreads
 from retriever_server.options import LoadOptions
 
 # the thread counts torch (intra-op), OpenBLAS/MKL, faiss (OpenMP), numba and inductor's compiler read
@@ -106,10 +109,11 @@ class SearchProcess:
     def is_alive(self) -> bool:
         return self._process.is_alive()
 
-    def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
-        """Top-k (rows, scores) of each query, searched by the child; called by one thread at a time."""
+    def search(self, queries: list[str], k: int, lone: bool = False) -> tuple[np.ndarray, np.ndarray]:
+        """Top-k (rows, scores) of each query, searched by the child; called by one thread at a time.
+        `lone`: the batch is the server's only work (the child may lend it the idle cores)."""
         try:
-            self._pipe.send((queries, k))
+            self._pipe.send((queries, k, lone))
             failed, payload = self._pipe.recv()
         except (EOFError, OSError):
             raise SearchProcessDied(f"search process {self.pid} is gone") from None
@@ -172,11 +176,16 @@ def _serve_searches(pipe, index_dir: Path, options: LoadOptions, warm_up_depth: 
         pipe.send((False, searcher.description))
     except OSError:  # the server stopped while this process loaded
         return
+    # the query encoder's threads, per batch (BM25's numba cannot exceed the threads it started with)
+    dense = searcher.kind == "dense"
+    threads = LoneThreads(options.threads, options.lone_threads or options.threads) if dense else None
     while True:
         try:
-            queries, k = pipe.recv()
+            queries, k, lone = pipe.recv()
         except (EOFError, OSError):
             return
+        if threads is not None:
+            threads.before(len(queries), lone)
         try:
             reply = (False, searcher.search(queries, k))
         except Exception as exc:  # the server turns it into a 500 for this batch's callers

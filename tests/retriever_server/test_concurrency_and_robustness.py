@@ -190,9 +190,10 @@ def _serve(index_dir, *args: str) -> subprocess.CompletedProcess:
     return subprocess.run(command, capture_output=True, text=True, timeout=120)
 
 
-def test_search_processes_must_be_positive(bm25_index_dir):
-    result = _serve(bm25_index_dir, "--search-processes", "0")
-    assert result.returncode == 2 and "--search-processes: expected at least 1, got 0" in result.stderr
+@pytest.mark.parametrize("option", ["--search-processes", "--threads", "--lone-threads"])
+def test_process_and_thread_counts_must_be_positive(bm25_index_dir, option):
+    result = _serve(bm25_index_dir, option, "0")
+    assert result.returncode == 2 and f"{option}: expected at least 1, got 0" in result.stderr
 
 
 def test_missing_index_is_a_clear_start_up_error(tmp_path):
