@@ -92,7 +92,7 @@ def _parser() -> argparse.ArgumentParser:
         "--lone-threads",
         type=int,
         help="dense: most threads of a search process for a batch that is the server's only work, on cores "
-        "that other processes left idle; default: the cores this process may use (with --threads: as --threads)",
+        "that other processes left idle; default: as --threads (none lent: the gain is not measured yet)",
     )
     serve.add_argument(
         "--search-processes", type=int, default=1, help="searchers (encoder + index), each a process loading the index"
@@ -158,7 +158,7 @@ def _serve(args: argparse.Namespace) -> int:
         **{f.name: getattr(args, f.name) for f in fields(ServerLimits) if f.name != "token"}, token=token
     )
     threads = args.threads or default_threads(args.search_processes)
-    lone_threads = args.lone_threads or args.threads or len(os.sched_getaffinity(0))
+    lone_threads = args.lone_threads or threads
     load = LoadOptions(
         args.device,
         args.quantize,
