@@ -293,14 +293,14 @@ def warm_start_agent(
     objectives: Sequence[int] = DEMO_OBJECTIVES,
     checkpoint_every: int = 0,
     answer_rows: int = ANSWER_ROWS,
-    lr_decay: bool = False,
+    decay_steps: int = 0,
 ) -> list[float]:
     """`steps` supervised steps of `model_dir` (copy-pretrained) on `agent`'s demonstrations of the
     demonstration doors, played through the real agent loop against the real retriever; saved to `out`
     with its build record. The same steps, lr and batch for every agent. `checkpoint_every` > 0 also
     saves the model every that many steps to `out/step_N`, to find where a warm start starts to read.
-    `lr_decay`: the learning rate falls linearly to 0 (at a constant lr, what the policy answers swings
-    from one checkpoint to the next; RESULTS, the papers' claim)."""
+    `decay_steps`: over the last that many steps the learning rate falls linearly to 0 (at a constant
+    lr, what the policy answers swings from one checkpoint to the next; RESULTS, the papers' claim)."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -326,8 +326,8 @@ def warm_start_agent(
             retriever_urls=retriever_url,
         )
     )
-    inputs = {"agent": agent, "seed": seed, "steps": steps, "lr": lr, "lr_decay": lr_decay, "batch_size": batch_size}
-    inputs |= {"tasks_per_objective": tasks_per_objective, "objectives": list(objectives)}
+    inputs = {"agent": agent, "seed": seed, "steps": steps, "lr": lr, "decay_steps": decay_steps}
+    inputs |= {"batch_size": batch_size, "tasks_per_objective": tasks_per_objective, "objectives": list(objectives)}
     record = {**build_record(inputs, contexts_digest(samples[:64])), "samples": len(samples)}
 
     saver = BuildSaver(model, tokenizer, record, out, checkpoint_every)
@@ -342,7 +342,7 @@ def warm_start_agent(
         extra_rows=(COPY_ROWS, AnswerRows.of(model_format, tokenizer, answer_rows)) if answer_rows else (COPY_ROWS,),
         after_step=saver.after_step,
         unpadded=True,
-        decay=lr_decay,
+        decay_steps=decay_steps,
     )
     saver.save(out, steps)
     return losses
@@ -383,7 +383,9 @@ def main(argv: list[str] | None = None) -> int:
         help="objectives per demonstrated question, a comma list",
     )
     warm.add_argument("--lr", type=float, default=1e-3)
-    warm.add_argument("--lr-decay", action="store_true", help="the learning rate falls linearly to 0")
+    warm.add_argument(
+        "--decay-steps", type=int, default=0, help="over the last N steps the learning rate falls linearly to 0"
+    )
     warm.add_argument("--seed", type=int, default=0)
     warm.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps, to OUT/step_N")
     args = parser.parse_args(argv)
@@ -413,7 +415,7 @@ def main(argv: list[str] | None = None) -> int:
             objectives=args.objectives,
             lr=args.lr,
             checkpoint_every=args.checkpoint_every,
-            lr_decay=args.lr_decay,
+            decay_steps=args.decay_steps,
         )
         print(
             f"{args.agent} warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}"

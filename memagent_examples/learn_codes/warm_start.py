@@ -98,14 +98,16 @@ def labelled_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, attentio
 
 
 def adamw_steps(
-    model, steps: int, lr: float, step_loss, desc: str, after_step=None, decay: bool = False
+    model, steps: int, lr: float, step_loss, desc: str, after_step=None, decay_steps: int = 0
 ) -> list[float]:
     """`steps` AdamW updates of `model` on `step_loss()` (a fresh batch's loss each call), in train
     mode, back in eval mode after; returns the loss of each step. Reports progress as `desc`.
     `after_step(n)`, if given, is called after the n-th update (1-based), the model in train mode.
-    `decay`: the learning rate falls linearly from `lr` to 0 over the steps, instead of staying at `lr`."""
+    `decay_steps`: over the last that many steps the learning rate falls linearly from `lr` towards 0
+    (constant, then decay: the shape of a warmup-stable-decay schedule without the warm-up)."""
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda done: 1 - done / steps if decay else 1.0)
+    factor = (lambda done: min(1.0, (steps - done) / decay_steps)) if decay_steps else (lambda done: 1.0)
+    schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, factor)
     model.train()
     losses = []
     with progress(steps, desc) as bar:
@@ -197,7 +199,7 @@ def supervised_steps(
     extra_rows: Sequence = (),
     after_step=None,
     unpadded: bool = False,
-    decay: bool = False,
+    decay_steps: int = 0,
 ):
     """AdamW steps of next-token loss on the labelled tokens; returns the loss of each step.
 
@@ -207,7 +209,7 @@ def supervised_steps(
     time, without padding: with a padding mask torch's CPU attention materialises every row's full
     score matrix, which made a batch of ReAct trajectories of up to 3k tokens take 27 s a step (the
     main job's short contexts keep the padded batch, whose floats its shipped start was built with).
-    `decay`: as `adamw_steps`'.
+    `decay_steps`: as `adamw_steps`'.
     """
     rng = random.Random(seed)
     generator = torch.Generator().manual_seed(seed + 1)
@@ -233,4 +235,4 @@ def supervised_steps(
         loss = unpadded_loss(batch) if unpadded else padded_loss(batch)
         return loss + sum(rows.loss(model, generator) for rows in extra_rows)
 
-    return adamw_steps(model, steps, lr, step_loss, "demonstrations", after_step, decay)
+    return adamw_steps(model, steps, lr, step_loss, "demonstrations", after_step, decay_steps)

@@ -313,14 +313,16 @@ def test_copy_pretraining_updates_the_model(tiny_model_dir):
     assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
 
 
-@pytest.mark.parametrize("decay, factors", [(False, [1, 1, 1, 1]), (True, [1, 0.75, 0.5, 0.25])])
-def test_adamw_steps_keep_or_linearly_decay_the_learning_rate(decay, factors):
+@pytest.mark.parametrize("decay_steps, factors", [(0, [1, 1, 1, 1]), (4, [1, 0.75, 0.5, 0.25]), (2, [1, 1, 1, 0.5])])
+def test_adamw_steps_keep_or_linearly_decay_the_learning_rate(decay_steps, factors):
     """On a loss of constant gradient Adam's update is the learning rate itself, so each step's change
-    shows the rate it took: 0.1 throughout, or 0.1 falling by a quarter a step to 0.025 over 4 steps."""
+    shows the rate it took: 0.1 throughout; falling by a quarter a step over all 4 steps; or by half a
+    step over the last 2."""
     model = torch.nn.Module()
     model.weight = torch.nn.Parameter(torch.zeros(()))
     values = []
-    adamw_steps(model, 4, 0.1, lambda: 3.0 * model.weight, "test", lambda _: values.append(model.weight.item()), decay)
+    record = lambda _: values.append(model.weight.item())  # noqa: E731
+    adamw_steps(model, 4, 0.1, lambda: 3.0 * model.weight, "test", record, decay_steps)
     expected, weight = [], 0.0
     for factor in factors:  # AdamW: the weight shrinks by rate x 0.01 (its default decay), then moves by the rate
         rate = 0.1 * factor
