@@ -82,7 +82,7 @@ class Sweep:
         results: Path,
         build_seed: int = 0,
         copy_steps: tuple[int, int] = (800, 1500),
-        warm_steps: int = 300,
+        warm_steps: int = composed_doors.WARM_STEPS,
         lock: Path | None = None,
         objectives: tuple[int, ...] = OBJECTIVES,
         eval_tasks: dict[str, int] = EVAL_TASKS,
@@ -367,7 +367,12 @@ def main(argv: list[str] | None = None) -> int:
         default=(800, 1500),
         help="copy pretraining steps on adjacent, then distant repeats (composed_doors copy-pretrain)",
     )
-    parser.add_argument("--warm-steps", type=int, default=300, help="supervised steps of every agent's warm start")
+    parser.add_argument(
+        "--warm-steps",
+        type=int,
+        default=composed_doors.WARM_STEPS,
+        help="supervised steps of every agent's warm start (the last third decaying the lr)",
+    )
     parser.add_argument("--lock", type=Path, help="a file to hold an exclusive flock on during each verl run")
     parser.add_argument("--report", action="store_true", help="only print the table and draw the plot")
     args = parser.parse_args(argv)

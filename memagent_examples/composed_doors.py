@@ -37,9 +37,14 @@ from verl_memagent.data.compose import compose_multi_objective
 from verl_memagent.data.flashrag import QARecord
 
 SETS = ("demos", "rl", "held_out", "unseen")
-#: objectives per demonstrated question: RL trains at 2 (as MEM1), the sweep evaluates up to 8 (a ReAct
-#: demonstration of 4 runs to 3k tokens, which a warm-start step on 2 cores pays for quadratically)
-DEMO_OBJECTIVES = (1, 2, 3)
+#: objectives per demonstrated question: every k the sweep evaluates, 1 to 8; demonstrations of 1-3 alone
+#: taught no policy to compose more doors (benchmarks/RESULTS.md, the papers' claim)
+DEMO_OBJECTIVES = tuple(range(1, 9))
+#: demonstrated questions per k, and the warm start's supervised steps: the tiny model learns to choose
+#: the next door and keep several statements over thousands of steps, and its answers swing at a
+#: constant lr, so the last third of the steps decays it to 0 (`--decay-steps`)
+TASKS_PER_OBJECTIVE = 64
+WARM_STEPS = 3000
 #: words of real passage text around each door's statement (wiki-18's passage size)
 PASSAGE_WORDS = 100
 SEARCH_THOUGHT = "I must search for the next password."
@@ -196,19 +201,22 @@ def demonstration_scripts(
 
 @dataclass(frozen=True)
 class AnswerRows:
-    """Synthetic rows for an answer's last copy, in one agent's answer format: random tokens holding 1-3
-    statements that end " is V.", then the agent's answer opener (MemSearcher's `</think> \\boxed{`,
-    MEM1's `</IS><answer>`) and the values in their order, `;`-separated, then its closer; labels on
-    the answer only. Why: in a demonstration the password after the opener is one labelled token in
-    hundreds, and a tiny model never finds that lookup from so rare a signal (teacher-forced, at chance
-    after 600 warm-start steps, and after 400 more on answer turns alone); rows that each end in one
-    teach it (benchmarks/RESULTS.md, the papers' claim)."""
+    """Synthetic rows for an answer's last copy, in one agent's answer format: random tokens holding 1 to
+    `statements` statements that end " is V." (as many as a demonstrated question asks), then the
+    agent's answer opener (MemSearcher's `</think> \\boxed{`, MEM1's `</IS><answer>`) and the values in
+    their order, `;`-separated, then its closer; labels on the answer only. Why: in a demonstration the
+    password after the opener is one labelled token in hundreds, and a tiny model never finds that
+    lookup from so rare a signal (teacher-forced, at chance after 600 warm-start steps, and after 400
+    more on answer turns alone); rows that each end in one teach it (benchmarks/RESULTS.md, the papers'
+    claim). Rows of at most 3 statements taught answers of at most 3: an answer of 8 passwords repeated
+    one after the fourth until the call's tokens ran out."""
 
     statement_end: tuple[int, int]  # " is" and "."
     opener: tuple[int, ...]
     separator: tuple[int, ...]
     closer: tuple[int, ...]
     rows: int = ANSWER_ROWS
+    statements: int = max(DEMO_OBJECTIVES)
     length: int = 96
 
     @classmethod
@@ -229,7 +237,7 @@ class AnswerRows:
         labels = torch.full_like(input_ids, IGNORE)
         is_id, stop = self.statement_end
         for row in range(self.rows):
-            count = int(torch.randint(1, 4, (1,), generator=generator))
+            count = int(torch.randint(1, self.statements + 1, (1,), generator=generator))
             values = torch.randint(0, vocab_size, (count,), generator=generator).tolist()
             answer = [token for i, value in enumerate(values) for token in (*(self.separator if i else ()), value)]
             tail = [*self.opener, *answer, *self.closer]
@@ -286,7 +294,7 @@ def warm_start_agent(
     retriever_url: str,
     agent_loops_yaml: str,
     steps: int,
-    tasks_per_objective: int = 256,
+    tasks_per_objective: int = TASKS_PER_OBJECTIVE,
     lr: float = 1e-3,
     batch_size: int = 8,
     seed: int = 0,
@@ -374,8 +382,8 @@ def main(argv: list[str] | None = None) -> int:
     warm.add_argument("--task", type=Path, required=True, help="the directory `task` wrote")
     warm.add_argument("--retriever", required=True, help="URL of the retriever serving the task's corpus")
     warm.add_argument("--agent-loops", required=True, help="agent-loop YAML with the agent's entry")
-    warm.add_argument("--steps", type=int, default=400)
-    warm.add_argument("--tasks-per-objective", type=int, default=256)
+    warm.add_argument("--steps", type=int, default=WARM_STEPS)
+    warm.add_argument("--tasks-per-objective", type=int, default=TASKS_PER_OBJECTIVE)
     warm.add_argument(
         "--objectives",
         type=lambda text: [int(k) for k in text.split(",")],
@@ -384,7 +392,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     warm.add_argument("--lr", type=float, default=1e-3)
     warm.add_argument(
-        "--decay-steps", type=int, default=0, help="over the last N steps the learning rate falls linearly to 0"
+        "--decay-steps",
+        type=int,
+        help="over the last N steps the learning rate falls linearly to 0; default: a third of --steps; 0: constant",
     )
     warm.add_argument("--seed", type=int, default=0)
     warm.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps, to OUT/step_N")
@@ -415,7 +425,7 @@ def main(argv: list[str] | None = None) -> int:
             objectives=args.objectives,
             lr=args.lr,
             checkpoint_every=args.checkpoint_every,
-            decay_steps=args.decay_steps,
+            decay_steps=args.steps // 3 if args.decay_steps is None else args.decay_steps,
         )
         print(
             f"{args.agent} warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}"
