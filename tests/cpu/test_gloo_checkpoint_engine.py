@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import multiprocessing
+from queue import Empty
 
 import pytest
 import torch
@@ -18,7 +19,16 @@ from verl_memagent.cpu import GLOO_BACKEND, GLOO_BACKEND_MODULE
 
 BUCKET_MB = 1  # the model: 5.5 MB in 27 tensors; the embedding and lm_head, 2 MB each, split in two
 UPDATES = 2
-TIMEOUT_S = 120
+
+
+def next_message(queue, process):
+    """The process's next message, waiting as long as it lives (a niced test on a busy machine starts its
+    processes slowly; pytest's timeout bounds the wait); its exit code if it ends without one."""
+    while True:
+        try:
+            return queue.get(timeout=1)
+        except Empty:
+            assert process.is_alive(), f"the {process.name} process ended with {process.exitcode}"
 
 
 def engine_config(**engine_kwargs):
@@ -106,7 +116,8 @@ def test_weights_arrive_bit_for_bit(weights, tmp_path):
     spawn = multiprocessing.get_context("spawn")
     queues = {role: (spawn.Queue(), spawn.Queue()) for role in ("trainer", "rollout")}
     processes = {
-        role: spawn.Process(target=engine_process, args=(role, configs, state_path, *queues[role])) for role in queues
+        role: spawn.Process(target=engine_process, args=(role, configs, state_path, *queues[role]), name=role)
+        for role in queues
     }
     for process in processes.values():
         process.start()
@@ -114,16 +125,16 @@ def test_weights_arrive_bit_for_bit(weights, tmp_path):
         for config in configs:
             manager = CheckpointEngineManager(config, actor_wg=None, replicas=[])
             for role in processes:
-                registered_before, engine_class = queues[role][0].get(timeout=TIMEOUT_S)
+                registered_before, engine_class = next_message(queues[role][0], processes[role])
                 assert not registered_before, "the plugin registered the gloo engine before it was asked for"
                 assert engine_class == f"{GLOO_BACKEND_MODULE}.GlooCheckpointEngine"
             for _ in range(UPDATES):
-                metadata = [queues[role][0].get(timeout=TIMEOUT_S) for role in ("trainer", "rollout")]
+                metadata = [next_message(queues[role][0], processes[role]) for role in ("trainer", "rollout")]
                 trainer_kwargs, rollout_kwargs = manager.backend_cls.build_topology(1, 1, metadata)
                 queues["trainer"][1].put({key: values[0] for key, values in trainer_kwargs.items()})
                 queues["rollout"][1].put({key: values[0] for key, values in rollout_kwargs.items()})
         for role, process in processes.items():
-            process.join(TIMEOUT_S)
+            process.join()
             assert process.exitcode == 0, f"the {role} process ended with {process.exitcode}"
     finally:
         for process in processes.values():

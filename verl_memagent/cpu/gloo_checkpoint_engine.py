@@ -26,7 +26,6 @@ import pickle
 import time
 from collections.abc import AsyncGenerator, Generator
 from dataclasses import dataclass
-from datetime import timedelta
 
 import ray
 import torch
@@ -168,7 +167,6 @@ class GlooCheckpointEngine(CheckpointEngine):
         store = self.store if self.is_master else dist.TCPStore(master_metadata.host, master_metadata.port)
         options = dist.ProcessGroupGloo._Options()
         options._devices = [dist.ProcessGroupGloo.create_device(hostname=self.host)]
-        options._timeout = timedelta(minutes=30)
         self.group = dist.ProcessGroupGloo(dist.PrefixStore(master_metadata.group, store), rank, world_size, options)
         self.groups_made += 1
         self.rank, self.world_size = rank, world_size
