@@ -23,8 +23,9 @@ from verl.utils import tensordict_utils as tu
 
 from verl_memagent.algo.config import MultiContextConfig
 from verl_memagent.algo.estimators import TrajectoryLayout
-from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids
+from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids, check_checkpoint_engine
 from verl_memagent.algo.update_steps import NonFiniteUpdateError
+from verl_memagent.cpu import GLOO_BACKEND_MODULE
 
 
 def verl_config(*overrides: str):
@@ -118,6 +119,32 @@ def test_the_async_trainers_refuse_the_hf_rollout_naming_vllm_and_the_mode(mode)
         get_trainer_cls(mode)(config)
     sync = verl_config(*BASE, "actor_rollout_ref.rollout.name=hf")
     assert get_trainer_cls("memagent_sync")(sync).trainer_mode == "sync"  # the sync trainer runs on hf
+
+
+ENGINE = "actor_rollout_ref.rollout.checkpoint_engine"
+
+
+def test_separate_async_on_cpu_asks_for_the_gloo_checkpoint_engine_by_its_settings(monkeypatch):
+    """On CPU the weights reach separate_async's rollout replicas only through our gloo engine, which verl
+    registers only from the module named in custom_backend_module: a run missing either setting stops at
+    once, naming both, instead of when verl first syncs weights (with a list of GPU engines)."""
+    mode = "memagent_separate_async"
+    separate = [*BASE, f"trainer.v1.trainer_mode={mode}", "trainer.v1.separate_async.parameter_sync_step=2"]
+    needed = rf"{ENGINE}.backend=gloo {ENGINE}.custom_backend_module={GLOO_BACKEND_MODULE}"
+    gloo_without_module = verl_config(*separate, f"{ENGINE}.backend=gloo")
+    with pytest.raises(ValueError, match=rf"backend=gloo is registered by our module: set {needed}"):
+        get_trainer_cls(mode)(gloo_without_module)
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")
+    for backend in ("naive", "nccl"):
+        with pytest.raises(ValueError, match=rf"separate_async on CPU .*backend={backend} has no CPU.*: set {needed}"):
+            get_trainer_cls(mode)(verl_config(*separate, f"{ENGINE}.backend={backend}"))
+    check_checkpoint_engine(
+        verl_config(*separate, f"{ENGINE}.backend=gloo", f"{ENGINE}.custom_backend_module={GLOO_BACKEND_MODULE}"),
+        "separate_async",
+    )
+    check_checkpoint_engine(verl_config(*BASE), "sync")  # the colocated trainers sync weights in-process
+    monkeypatch.delenv("VERL_PLATFORM")
+    check_checkpoint_engine(verl_config(*separate, f"{ENGINE}.backend=nccl"), "separate_async")  # on GPUs
 
 
 def test_optimizer_steps_per_update_follow_configuration_not_turn_counts(transfer_queue):
