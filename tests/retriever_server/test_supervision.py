@@ -95,8 +95,10 @@ async def test_a_search_process_killed_under_load_costs_no_request(retriever_ser
 def test_a_crash_loop_stops_the_server_with_its_cause(retriever_server, bm25_index_dir):
     """A restarted process that dies again within --crash-window-s (10 s) of its restart."""
     server = retriever_server(bm25_index_dir, *NUMPY_BM25)
-    os.kill(server.search_pids()[0], signal.SIGKILL)
-    wait_until(lambda: health(server.url)[1]["status"] == "ready")
+    (killed,) = server.search_pids()
+    os.kill(killed, signal.SIGKILL)
+    # "ready" alone may be read before the server has seen the death: wait for the restarted process too
+    wait_until(lambda: server.search_pids() not in ([], [killed]) and health(server.url)[1]["status"] == "ready")
     (restarted,) = server.search_pids()
     os.kill(restarted, signal.SIGKILL)
     assert server.process.wait(timeout=60) == 1
