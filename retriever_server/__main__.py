@@ -158,7 +158,6 @@ def _serve(args: argparse.Namespace) -> int:
         **{f.name: getattr(args, f.name) for f in fields(ServerLimits) if f.name != "token"}, token=token
     )
     threads = args.threads or default_threads(args.search_processes)
-    lone_threads = args.lone_threads or threads
     load = LoadOptions(
         args.device,
         args.quantize,
@@ -166,7 +165,7 @@ def _serve(args: argparse.Namespace) -> int:
         args.nprobe,
         args.ef_search,
         threads,
-        lone_threads,
+        args.lone_threads,
         args.bm25_backend,
     )
     return serve(

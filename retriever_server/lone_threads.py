@@ -57,12 +57,12 @@ class FreeCores:
 class LoneThreads:
     """Sets the encoder's threads (`set_threads`, torch's by default) for each batch as `threads_for` says."""
 
-    def __init__(self, threads: int, lone_threads: int, set_threads: Callable[[int], None] | None = None):
+    def __init__(self, threads: int, lone_threads: int | None, set_threads: Callable[[int], None] | None = None):
         if set_threads is None:
             import torch
 
             set_threads = torch.set_num_threads
-        self.threads, self.lone_threads = threads, max(threads, lone_threads)
+        self.threads, self.lone_threads = threads, max(threads, lone_threads or threads)  # None: none lent
         self._set_threads, self._current = set_threads, threads
         self._free = FreeCores() if self.lone_threads > threads else None
 

@@ -178,7 +178,7 @@ def _serve_searches(pipe, index_dir: Path, options: LoadOptions, warm_up_depth: 
         return
     # the query encoder's threads, per batch (BM25's numba cannot exceed the threads it started with)
     dense = searcher.kind == "dense"
-    threads = LoneThreads(options.threads, options.lone_threads or options.threads) if dense else None
+    threads = LoneThreads(options.threads, options.lone_threads) if dense else None
     while True:
         try:
             queries, k, lone = pipe.recv()
