@@ -97,7 +97,7 @@ class Sweep:
         self.retriever: ServerProcess | None = None
 
     # -- the build: tiny model, task, index, copy pretraining, one warm start per agent
-    def prepare(self) -> None:
+    def prepare(self, agents: tuple[str, ...] = AGENTS) -> None:
         python = sys.executable
         seed = str(self.build_seed)
         cli = [str(Path(python).parent / "verl-memagent")]
@@ -113,7 +113,7 @@ class Sweep:
         copy = [*doors, "copy-pretrain", "--model", str(self.build / "model"), "--steps", adjacent]
         copy += ["--distant-steps", distant]
         once(self.build / "copy", lambda d: run([*copy, "--out", str(d / "model"), "--seed", seed], d / "log"))
-        for agent in AGENTS:
+        for agent in agents:
             warm = [*doors, "warm-start", "--agent", agent, "--model", str(self.build / "copy" / "model")]
             warm += ["--task", str(task), "--retriever", self.retriever.url, "--agent-loops", str(AGENT_LOOPS)]
             warm += ["--steps", str(self.warm_steps), "--seed", seed]
@@ -355,6 +355,13 @@ def report(records: list[dict], plot_path: Path = PLOT) -> dict:
     return summary
 
 
+def agent_list(text: str) -> tuple[str, ...]:
+    agents = tuple(text.split(","))
+    if unknown := [agent for agent in agents if agent not in AGENTS]:
+        raise argparse.ArgumentTypeError(f"unknown agent(s) {unknown}: choose from {','.join(AGENTS)}")
+    return agents
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3, help="RL seeds 0..N-1 for every agent")
@@ -373,6 +380,12 @@ def main(argv: list[str] | None = None) -> int:
         default=composed_doors.WARM_STEPS,
         help="supervised steps of every agent's warm start (the last third decaying the lr)",
     )
+    parser.add_argument(
+        "--agents",
+        type=agent_list,
+        default=AGENTS,
+        help="a comma list of the agents to build and score (the others' cells wait for a later run)",
+    )
     parser.add_argument("--lock", type=Path, help="a file to hold an exclusive flock on during each verl run")
     parser.add_argument("--report", action="store_true", help="only print the table and draw the plot")
     args = parser.parse_args(argv)
@@ -381,8 +394,8 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--work is required to run the sweep")
         sweep = Sweep(args.work, args.results, args.build_seed, args.copy_steps, args.warm_steps, args.lock)
         try:
-            sweep.prepare()
-            sweep.sweep(args.seeds)
+            sweep.prepare(args.agents)
+            sweep.sweep(args.seeds, args.agents)
         finally:
             if sweep.retriever is not None:
                 sweep.retriever.stop()

@@ -302,18 +302,21 @@ def warm_start_agent(
     checkpoint_every: int = 0,
     answer_rows: int = ANSWER_ROWS,
     decay_steps: int = 0,
+    resume_every: int = 100,
 ) -> list[float]:
     """`steps` supervised steps of `model_dir` (copy-pretrained) on `agent`'s demonstrations of the
     demonstration doors, played through the real agent loop against the real retriever; saved to `out`
     with its build record. The same steps, lr and batch for every agent. `checkpoint_every` > 0 also
     saves the model every that many steps to `out/step_N`, to find where a warm start starts to read.
     `decay_steps`: over the last that many steps the learning rate falls linearly to 0 (at a constant
-    lr, what the policy answers swings from one checkpoint to the next; RESULTS, the papers' claim)."""
+    lr, what the policy answers swings from one checkpoint to the next; RESULTS, the papers' claim).
+    `resume_every` > 0 keeps the run's whole state in `out/resume.pt` every that many steps, and a run
+    started again with the same inputs resumes from it (`ResumePoint`); it is removed once `out` is saved."""
     import torch
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     from memagent_examples.learn_codes.start import BuildSaver, build_record, contexts_digest
-    from memagent_examples.learn_codes.warm_start import scripted_samples, supervised_steps
+    from memagent_examples.learn_codes.warm_start import ResumePoint, scripted_samples, supervised_steps
 
     tokenizer = AutoTokenizer.from_pretrained(model_dir)
     torch.manual_seed(seed)
@@ -339,6 +342,9 @@ def warm_start_agent(
     record = {**build_record(inputs, contexts_digest(samples[:64])), "samples": len(samples)}
 
     saver = BuildSaver(model, tokenizer, record, out, checkpoint_every)
+    out.mkdir(parents=True, exist_ok=True)
+    identity = {"inputs": record["inputs"], "contexts": record["contexts"]}
+    resume = ResumePoint(out / "resume.pt", resume_every, identity) if resume_every else None
     losses = supervised_steps(
         model,
         samples,
@@ -351,8 +357,11 @@ def warm_start_agent(
         after_step=saver.after_step,
         unpadded=True,
         decay_steps=decay_steps,
+        resume=resume,
     )
     saver.save(out, steps)
+    if resume:
+        resume.path.unlink(missing_ok=True)
     return losses
 
 
@@ -398,6 +407,12 @@ def main(argv: list[str] | None = None) -> int:
     )
     warm.add_argument("--seed", type=int, default=0)
     warm.add_argument("--checkpoint-every", type=int, default=0, help="also save every N steps, to OUT/step_N")
+    warm.add_argument(
+        "--resume-every",
+        type=int,
+        default=100,
+        help="keep the whole state in OUT/resume.pt every N steps; a run started again resumes there (0: never)",
+    )
     args = parser.parse_args(argv)
     if args.command == "task":
         from transformers import AutoTokenizer
@@ -425,6 +440,7 @@ def main(argv: list[str] | None = None) -> int:
             objectives=args.objectives,
             lr=args.lr,
             checkpoint_every=args.checkpoint_every,
+            resume_every=args.resume_every,
             decay_steps=args.steps // 3 if args.decay_steps is None else args.decay_steps,
         )
         print(

@@ -138,9 +138,10 @@ def test_demonstrations_cover_each_objective_count_in_the_agents_format(task, to
 def test_warm_start_trains_on_the_loops_samples_and_checkpoints(task, tiny_model_dir, tmp_path):
     task_dir, _, url = task
     out = tmp_path / "warm"
-    settings = {"tasks_per_objective": 2, "objectives": (1, 2), "checkpoint_every": 1}
+    settings = {"tasks_per_objective": 2, "objectives": (1, 2), "checkpoint_every": 1, "resume_every": 1}
     losses = warm_start_agent("react", tiny_model_dir, out, task_dir, url, str(AGENT_LOOPS), 2, **settings)
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
+    assert not (out / "resume.pt").exists()  # the state kept at step 1 for a resume goes once the model is saved
     for saved, steps in ((out / "step_1", 1), (out / "step_2", 2), (out, 2)):
         record = json.loads((saved / "build.json").read_text())
         assert (saved / "model.safetensors").is_file() and record["inputs"]["steps"] == steps

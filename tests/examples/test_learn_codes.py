@@ -34,6 +34,7 @@ from memagent_examples.learn_codes.task import (
 from memagent_examples.learn_codes.warm_start import (
     IGNORE,
     CopyRows,
+    ResumePoint,
     adamw_steps,
     copy_batch,
     copy_pretraining,
@@ -247,6 +248,45 @@ def test_a_checkpoint_after_k_steps_is_the_model_of_a_k_step_run(tiny_model_dir,
     assert saved.keys() == short.state_dict().keys()
     assert all(torch.equal(saved[name], value) for name, value in short.state_dict().items())
     assert not all(torch.equal(saved[name], value) for name, value in model.state_dict().items())
+
+
+class Killed(Exception):
+    """Stands for the SIGKILL that ends a session in the middle of a warm start."""
+
+
+def test_a_warm_start_killed_and_resumed_ends_with_the_weights_of_one_never_stopped(tiny_model_dir, tmp_path):
+    """`warm-start --resume-every`: killed after step 5 (its last save at step 4: step 5 is lost), started
+    again, it redoes step 5 from the saved AdamW moments, lr schedule (decaying over the run's last 3 of 6
+    steps) and batch sources, and ends bit for bit where an uninterrupted run ends, with the same losses."""
+    generator = torch.Generator().manual_seed(3)
+    samples = [(ids, ids) for ids in torch.randint(5, 200, (8, 24), generator=generator).tolist()]
+    run = dict(samples=samples, steps=6, lr=1e-3, batch_size=2, pad_token_id=0, decay_steps=3, unpadded=True)
+    run["extra_rows"] = (CopyRows(adjacent=1),)
+    whole = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    whole_losses = supervised_steps(whole, **run)
+
+    resume = ResumePoint(tmp_path / "resume.pt", every=2, identity={"steps": 6})
+
+    def kill_after_step_5(step: int) -> None:
+        if step == 5:
+            raise Killed
+
+    with pytest.raises(Killed):
+        supervised_steps(
+            AutoModelForCausalLM.from_pretrained(tiny_model_dir), after_step=kill_after_step_5, resume=resume, **run
+        )
+    assert len(torch.load(resume.path, weights_only=False)["losses"]) == 4
+    resumed = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
+    steps_run = []
+    resumed_losses = supervised_steps(resumed, after_step=steps_run.append, resume=resume, **run)
+    assert steps_run == [5, 6]
+    assert resumed_losses == whole_losses
+    assert all(torch.equal(value, resumed.state_dict()[name]) for name, value in whole.state_dict().items())
+
+    # the same state under other inputs is refused, with the file and the fix named
+    other = ResumePoint(resume.path, every=2, identity={"steps": 7})
+    with pytest.raises(ValueError, match="resume.pt holds the state of a run with other inputs.*delete it"):
+        supervised_steps(AutoModelForCausalLM.from_pretrained(tiny_model_dir), resume=other, **run)
 
 
 def test_copy_batch_labels_exactly_the_repeats():

@@ -1,5 +1,6 @@
 """`benchmarks/papers_claim.py` in little: one memory agent scored, trained one step by verl's real trainer on
-the composed task, scored again, its records resumed and reported. One verl launch (slow tier)."""
+the composed task, scored again, its records resumed and reported. One verl launch (slow tier); the command
+line's checks in the quick tier."""
 
 from __future__ import annotations
 
@@ -14,8 +15,6 @@ REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "benchmarks"))
 
 import papers_claim  # noqa: E402
-
-pytestmark = pytest.mark.slow
 
 TINY_STEP = (
     "data.train_batch_size=2",
@@ -47,6 +46,7 @@ def swept(tmp_path_factory, tiny_model_dir):
     return work, sweep
 
 
+@pytest.mark.slow
 def test_records_cover_every_cell_with_the_papers_figures(swept):
     work, sweep = swept
     records = json.loads((work / "papers_claim.json").read_text())
@@ -66,6 +66,7 @@ def test_records_cover_every_cell_with_the_papers_figures(swept):
     assert all(json.loads(line)["golden_answers"].__len__() == 2 for line in examples.read_text().splitlines())
 
 
+@pytest.mark.slow
 def test_the_rl_step_ran_in_verl_and_the_trained_policy_was_scored(swept):
     work, _ = swept
     run = work / "rl" / "mem1_seed0"
@@ -76,6 +77,7 @@ def test_the_rl_step_ran_in_verl_and_the_trained_policy_was_scored(swept):
     assert str(run / "checkpoints" / "global_step_1") in json.dumps(summary["run"])
 
 
+@pytest.mark.slow
 def test_a_resumed_sweep_runs_no_cell_twice_and_reports(swept, tmp_path, capsys):
     work, sweep = swept
     before = (work / "papers_claim.json").read_text()
@@ -87,3 +89,10 @@ def test_a_resumed_sweep_runs_no_cell_twice_and_reports(swept, tmp_path, capsys)
     out = capsys.readouterr().out
     assert "| mem1 | before_rl | - |" in out and "| mem1 | after_rl | 1 |" in out
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG" and summary["cpu"]["model"]
+
+
+def test_agents_are_chosen_by_name_and_an_unknown_one_is_refused(capsys):
+    assert papers_claim.agent_list("mem1,react") == ("mem1", "react")
+    with pytest.raises(SystemExit):
+        papers_claim.main(["--agents", "mem1,memagent", "--work", "unused"])
+    assert "unknown agent(s) ['memagent']: choose from memsearcher,mem1,react" in capsys.readouterr().err
