@@ -259,6 +259,13 @@ def cell_records(
 
 # -- the report: a table of means and spreads over seeds, and the papers' plot
 def grouped(records: list[dict], door_set: str) -> dict[tuple, list[dict]]:
+    """The records of `door_set` by agent, phase and k; refused if an agent's records grew from two warm
+    starts (two builds' policies are different models, and their mean is of neither)."""
+    starts = defaultdict(set)
+    for r in records:
+        starts[r["agent"]].add(r["warm_start_sha256"])
+    if mixed := {agent: sorted(shas) for agent, shas in starts.items() if len(shas) > 1}:
+        raise ValueError(f"records from more than one warm start {mixed}: keep one build's records in the JSON")
     groups = defaultdict(list)
     for r in records:
         if r["door_set"] == door_set:

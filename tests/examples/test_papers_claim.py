@@ -96,3 +96,11 @@ def test_agents_are_chosen_by_name_and_an_unknown_one_is_refused(capsys):
     with pytest.raises(SystemExit):
         papers_claim.main(["--agents", "mem1,memagent", "--work", "unused"])
     assert "unknown agent(s) ['memagent']: choose from memsearcher,mem1,react" in capsys.readouterr().err
+
+
+def test_the_report_refuses_records_of_two_warm_starts_of_one_agent():
+    record = {"agent": "mem1", "phase": "before_rl", "seed": None, "door_set": "held_out", "objectives": 1}
+    records = [{**record, "warm_start_sha256": "a"}, {**record, "objectives": 2, "warm_start_sha256": "b"}]
+    assert len(papers_claim.grouped(records[:1], "held_out")) == 1
+    with pytest.raises(ValueError, match=r"more than one warm start \{'mem1': \['a', 'b'\]\}"):
+        papers_claim.grouped(records, "held_out")
