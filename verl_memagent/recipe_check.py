@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -38,10 +39,11 @@ class RecipeLaunch:
         return self.config_dir / f"{self.config_name}.yaml"
 
 
-def dry_run(script: str | os.PathLike, env: dict[str, str] | None = None) -> RecipeLaunch:
-    """Run the recipe script with MEMAGENT_DRY_RUN=1 and parse the main_ppo command it prints."""
+def dry_run(script: str | os.PathLike, env: dict[str, str] | None = None, args: Sequence[str] = ()) -> RecipeLaunch:
+    """Run the recipe script (with `args`) with MEMAGENT_DRY_RUN=1 and parse the main_ppo command it prints."""
     environment = {**os.environ, "PYTHON": sys.executable, **(env or {}), "MEMAGENT_DRY_RUN": "1"}
-    done = subprocess.run(["bash", str(script)], capture_output=True, text=True, env=environment, timeout=120)
+    command = ["bash", str(script), *args]
+    done = subprocess.run(command, capture_output=True, text=True, env=environment, timeout=120)
     if done.returncode != 0:
         raise RuntimeError(f"{script} failed in dry-run mode (exit {done.returncode}): {done.stderr.strip()}")
     args = done.stdout.splitlines()

@@ -10,7 +10,8 @@
 #                 with its outcome; the job gets every MEMAGENT_* and VERL_* variable of this shell
 #                 (the retriever address among them) and absolute paths;
 #   VERL_PLATFORM=cpu  run on CPU cores (docs/cpu.md): recipes/cpu/cpu.yaml is composed on top of the
-#                 recipe, and Ray's logical CPUs and GPUs are derived from N_GPUS_PER_NODE and NNODES.
+#                 recipe, and Ray's logical CPUs and GPUs are derived from N_GPUS_PER_NODE and NNODES
+#                 (and, under separate_async, the rollout replicas' sizes among the overrides).
 # With MEMAGENT_DRY_RUN=1 the command is printed, one argument per line, instead of run, and nothing
 # is checked: tests/recipes composes exactly these arguments with hydra and validates them.
 
@@ -69,8 +70,10 @@ print(p.Path(u.find_spec('verl_memagent').origin).parent / 'agent' / 'agent_loop
     [ "$config_dir" -ef "$RECIPES_DIR/cpu" ] ||
       platform=("hydra.searchpath=[pkg://verl.trainer.config,file://$RECIPES_DIR]" "+cpu@_global_=cpu")
     local resources
+    # the overrides say whether rollout replicas of their own (separate_async) need logical GPUs too
     resources=$("$PYTHON" -m verl_memagent.cpu.topology hydra --n-gpus-per-node "$N_GPUS_PER_NODE" \
-      --nnodes "$NNODES" ${RAY_ADDRESS:+--cluster}) || die "N_GPUS_PER_NODE and NNODES must be whole numbers >= 1"
+      --nnodes "$NNODES" ${RAY_ADDRESS:+--cluster} -- "$@") ||
+      die "N_GPUS_PER_NODE and NNODES must be whole numbers >= 1, the rollout replicas' sizes too (above)"
     mapfile -t -O "${#platform[@]}" platform <<<"$resources"
   fi
   local cmd=(

@@ -147,6 +147,41 @@ def test_separate_async_on_cpu_asks_for_the_gloo_checkpoint_engine_by_its_settin
     check_checkpoint_engine(verl_config(*separate, f"{ENGINE}.backend=nccl"), "separate_async")  # on GPUs
 
 
+def test_separate_async_without_hybrid_replicas_sets_up_at_verls_default_log_level(monkeypatch, caplog):
+    """verl 0.9.1's separate_async `_setup` logs hybrid_engine=False with `logger.info(..., flush=True)`, a
+    TypeError at INFO, its default level. verl's own `_setup` runs here, its Ray servers and weight sync
+    stood in for (they start in tests/cpu/test_async_cpu.py): verl's raises, ours sets up, says so, and
+    leaves the module's level as it was. Fails once verl stops raising: then our workaround can go."""
+    import logging
+
+    from verl.trainer.ppo.v1 import trainer_separate_async as verls
+    from verl.trainer.ppo.v1.trainer_base import PPOTrainer
+
+    mode = "memagent_separate_async"
+    config = verl_config(
+        *BASE,
+        f"trainer.v1.trainer_mode={mode}",
+        "trainer.v1.separate_async.parameter_sync_step=2",
+        "actor_rollout_ref.hybrid_engine=False",
+        *(f"actor_rollout_ref.rollout.{size}=1" for size in ("nnodes", "n_gpus_per_node")),
+        f"{ENGINE}.backend=nccl",
+    )
+    trainer = get_trainer_cls(mode)(config)
+    trainer.llm_server_manager, trainer.actor_rollout_wg = type("Managers", (), {"rollout_replicas": []})(), None
+    replicas = type("Standalone", (), {"server_addresses": [], "get_replicas": lambda self: ["replica"]})()
+    monkeypatch.setattr(PPOTrainer, "_setup", lambda self: None)  # the trainer's workers and colocated replicas
+    monkeypatch.setattr(verls.LLMServerManager, "create", lambda **_: replicas)
+    monkeypatch.setattr(verls, "CheckpointEngineManager", lambda **parts: parts)
+    monkeypatch.setattr(verls.logger, "level", logging.INFO)
+    with pytest.raises(TypeError, match="flush"):
+        verls.PPOTrainerSeparateAsync._setup(trainer)
+    with caplog.at_level(logging.INFO, logger="verl_memagent.algo.trainer"):
+        trainer._setup()
+    assert trainer.standalone_checkpoint_manager["replicas"] == ["replica"]
+    assert "rollout served by 1 replicas of their own only" in caplog.text
+    assert verls.logger.level == logging.INFO
+
+
 def test_optimizer_steps_per_update_follow_configuration_not_turn_counts(transfer_queue):
     trainer = MultiContextTrainerSync(verl_config(*BASE, "+algorithm.multi_context.fixed_optimizer_steps=true"))
     verl_trainer = PPOTrainerSync(verl_config(*BASE, "trainer.v1.trainer_mode=sync"))

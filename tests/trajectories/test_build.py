@@ -102,3 +102,18 @@ async def test_advantage_is_the_mean_over_sampled_tokens(tokenizer, trainer_conf
     assert [turn.advantage for turn in record.turns] == [pytest.approx(sum(s) / len(s)) for s in sampled]
     every = [p for s in sampled for p in s]
     assert record.advantage == pytest.approx(sum(every) / len(every))
+
+
+async def test_each_turn_carries_its_contexts_weight_versions_and_a_record_is_whole(
+    tokenizer, trainer_config, retriever_url
+):
+    outputs, _ = await play("memsearcher", script("memsearcher"), tokenizer, trainer_config, retriever_url)
+    assert record_of(outputs, tokenizer).turns[0].weight_versions is None  # a server that reports none
+    # as verl's async server client reports them: the second context's rewrite cut short by an update
+    versions = [(0, 0), (0, 1), (1, 1)]
+    for output, (first, last) in zip(outputs, versions, strict=True):
+        output.extra_fields.update(min_global_steps=first, max_global_steps=last)
+    record = record_of(outputs, tokenizer)
+    assert [turn.weight_versions for turn in record.turns] == [[0, 0], [0, 1], [1, 1]]
+    with pytest.raises(ValueError, match="2 of the trajectory's 3 contexts: a record is of a whole trajectory"):
+        record_of(outputs[:2], tokenizer)

@@ -269,6 +269,17 @@ class MultiContextTrainerColocateAsync(
     base_mode = "colocate_async"
 
 
+@contextmanager
+def logger_level(target: logging.Logger, level: int) -> Iterator[None]:
+    """`target` logs at `level` while the block runs, then at the level it had."""
+    before = target.level
+    target.setLevel(level)
+    try:
+        yield
+    finally:
+        target.setLevel(before)
+
+
 @register_trainer("memagent_separate_async")
 class MultiContextTrainerSeparateAsync(
     ResumeMixin, TrajectoryRecordsMixin, AgentMetricsMixin, MultiContextTrainerMixin, PPOTrainerSeparateAsync
@@ -276,3 +287,15 @@ class MultiContextTrainerSeparateAsync(
     """`memagent_separate_async`: the same over verl's async trainer with rollout on GPUs of its own."""
 
     base_mode = "separate_async"
+
+    def _setup(self):
+        """verl 0.9.1 reports `actor_rollout_ref.hybrid_engine=False` with `logger.info(..., flush=True)`
+        (trainer/ppo/v1/trainer_separate_async.py:181): `flush` is no argument of `logging`, so the call
+        raises TypeError wherever INFO is on, its module's default. Its module's logger is held at WARNING
+        while verl's `_setup` runs (that call is its only INFO there), and the message is logged here."""
+        if self._enable_hybrid_replicas:
+            return super()._setup()
+        with logger_level(logging.getLogger(PPOTrainerSeparateAsync.__module__), logging.WARNING):
+            super()._setup()
+        replicas = len(self.standalone_server_manager.get_replicas())
+        logger.info("hybrid_engine=False: rollout served by %d replicas of their own only", replicas)

@@ -8,18 +8,26 @@ numbers are computed here from the topology, once, and every launcher asks for t
 node); `patches.require_ray_cpus` checks them in the run itself. Imports nothing heavy: the
 launchers call `python -m verl_memagent.cpu.topology` before every run.
 
+`separate_async` (verl's, or ours `memagent_separate_async`) adds rollout replicas of their own, each
+rank another logical GPU: the launchers hand the run's hydra overrides after `--`, and the replicas'
+ranks are read from them (`standalone_rollout_ranks`).
+
 Usage:
     python -m verl_memagent.cpu.topology hydra --n-gpus-per-node 2 --nnodes 1   # hydra overrides, local Ray
+    python -m verl_memagent.cpu.topology hydra --n-gpus-per-node 1 -- OVERRIDES  # the same, replicas counted
     python -m verl_memagent.cpu.topology ray-start --n-gpus-per-node 1           # `ray start` flags, one node
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from dataclasses import dataclass
 
 #: CPUs in each trainer worker's placement-group bundle: verl's `ResourcePoolManager.max_colocate_count`
-#: (single_controller/ray/base.py:146; tests check the two agree)
+#: (single_controller/ray/base.py:146; tests check the two agree). A rollout replica's rank of its own
+#: reserves 2 (`RolloutReplica.init_standalone`, workers/rollout/replica.py:205) and is counted at 3 all
+#: the same, so that the budget follows from Ray's logical GPUs alone (`patches.require_ray_cpus`)
 CPUS_PER_TRAINER_WORKER = 3
 #: TransferQueue's storage units as `recipes/cpu/cpu.yaml` sets them (verl's default, 8, costs 8 CPUs)
 STORAGE_UNITS = 1
@@ -30,6 +38,33 @@ def ray_cpus_needed(gpus: int, storage_units: int = STORAGE_UNITS) -> int:
     units, `CPUS_PER_TRAINER_WORKER` per worker, and one free to place the rollout, agent-loop and
     reward actors."""
     return 1 + storage_units + CPUS_PER_TRAINER_WORKER * gpus + 1
+
+
+#: `trainer.v1.trainer_mode` values whose rollout replicas run on logical GPUs of their own
+SEPARATE_ROLLOUT_MODES = ("separate_async", "memagent_separate_async")
+
+
+def standalone_rollout_ranks(overrides: list[str], n_gpus_per_node: int) -> int:
+    """The ranks of the rollout replicas of their own that a run with these hydra overrides starts:
+    `actor_rollout_ref.rollout.nnodes` x `.n_gpus_per_node` (verl's default for the latter: the trainer's
+    `n_gpus_per_node`) under a separate-rollout trainer mode, else 0. The last override of a key wins, as
+    in hydra; settings made in a YAML file instead are not seen here (give them on the command line)."""
+    given = {}
+    for override in overrides:
+        key, sep, value = override.lstrip("+").partition("=")
+        if sep:
+            given[key] = value
+    if given.get("trainer.v1.trainer_mode") not in SEPARATE_ROLLOUT_MODES:
+        return 0
+    sizes = {"nnodes": "0", "n_gpus_per_node": str(n_gpus_per_node)}  # verl's rollout.yaml defaults
+    ranks = 1
+    for name, default in sizes.items():
+        key = f"actor_rollout_ref.rollout.{name}"
+        value = given.get(key, default)
+        if not value.isdigit():
+            raise ValueError(f"{key}={value}: the rollout replicas' ranks must be a whole number on the command line")
+        ranks *= int(value)
+    return ranks
 
 
 def storage_units_of(transfer_queue_conf) -> int:
@@ -49,16 +84,20 @@ def describe_ray_cpus(gpus: int, storage_units: int) -> str:
 
 @dataclass(frozen=True)
 class Topology:
-    """Data-parallel ranks as verl counts them: `n_gpus_per_node` trainer workers on each of `nnodes` nodes."""
+    """Data-parallel ranks as verl counts them: `n_gpus_per_node` trainer workers on each of `nnodes` nodes,
+    plus `rollout_ranks` of rollout replicas of their own (`separate_async`)."""
 
     n_gpus_per_node: int
     nnodes: int = 1
     storage_units: int = STORAGE_UNITS
+    rollout_ranks: int = 0
 
     def __post_init__(self) -> None:
         for name in ("n_gpus_per_node", "nnodes", "storage_units"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name} must be at least 1, got {getattr(self, name)}")
+        if self.rollout_ranks < 0:
+            raise ValueError(f"rollout_ranks must be at least 0, got {self.rollout_ranks}")
 
     @property
     def ranks(self) -> int:
@@ -66,11 +105,13 @@ class Topology:
 
     def local_ray(self) -> dict[str, int]:
         """`ray.init` resources of one local Ray holding every rank (nnodes 1, or nodes simulated in one)."""
-        return {"num_cpus": ray_cpus_needed(self.ranks, self.storage_units), "num_gpus": self.ranks}
+        gpus = self.ranks + self.rollout_ranks
+        return {"num_cpus": ray_cpus_needed(gpus, self.storage_units), "num_gpus": gpus}
 
     def node(self) -> dict[str, int]:
         """`ray start` resources of each node of a cluster: its own workers' CPUs, plus room for the
-        controller, storage units and the free CPU, since Ray may place them on any node."""
+        controller, storage units and the free CPU, since Ray may place them on any node (rollout
+        replicas of their own need nodes of their own, started the same way)."""
         return {"num_cpus": ray_cpus_needed(self.n_gpus_per_node, self.storage_units), "num_gpus": self.n_gpus_per_node}
 
 
@@ -93,9 +134,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nnodes", type=int, default=1)
     parser.add_argument("--storage-units", type=int, default=STORAGE_UNITS, help="TransferQueue storage units")
     parser.add_argument("--cluster", action="store_true", help="hydra: the run joins a running Ray cluster")
-    args = parser.parse_args(argv)
+    parser.epilog = "After --: the run's hydra overrides, where the rollout replicas' ranks are read."
+    argv = sys.argv[1:] if argv is None else argv
+    split = argv.index("--") if "--" in argv else len(argv)
+    args, overrides = parser.parse_args(argv[:split]), argv[split + 1 :]
     try:
-        topology = Topology(args.n_gpus_per_node, args.nnodes, args.storage_units)
+        rollout_ranks = standalone_rollout_ranks(overrides, args.n_gpus_per_node)
+        topology = Topology(args.n_gpus_per_node, args.nnodes, args.storage_units, rollout_ranks)
     except ValueError as error:
         parser.error(str(error))
     words = hydra_overrides(topology, args.cluster) if args.form == "hydra" else ray_start_flags(topology)

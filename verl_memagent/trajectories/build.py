@@ -72,6 +72,13 @@ def _sampled_advantages(sample: ContextSample, spans: Sequence[CallSpan]) -> np.
     return np.concatenate([np.zeros(0), *(advantages[s["start"] - offset : s["end"] - offset] for s in spans)])
 
 
+def _weight_versions(extra_fields: Mapping[str, Any]) -> list[int] | None:
+    """[first, last] weight version of a context's generate calls, as verl's rollout server reports them
+    (`min_global_steps`, `max_global_steps`); None where it reports none."""
+    versions = [extra_fields.get("min_global_steps"), extra_fields.get("max_global_steps")]
+    return None if None in versions else [int(version) for version in versions]
+
+
 def _mean(values: np.ndarray) -> float | None:
     return float(values.mean()) if values.size else None
 
@@ -90,8 +97,11 @@ def build_record(
     session: int | None = None,
     row_id: Any = None,
 ) -> TrajectoryRecord:
-    """The record of one trajectory from its contexts in turn order (every one `is_recorded`)."""
+    """The record of one trajectory from all its contexts in turn order (every one `is_recorded`)."""
     final = contexts[-1].extra_fields
+    whole = final.get(OutputField.NUM_CONTEXTS, len(contexts))
+    if int(whole) != len(contexts):
+        raise ValueError(f"{len(contexts)} of the trajectory's {whole} contexts: a record is of a whole trajectory")
     turns: list[Turn] = []
     sampled: list[np.ndarray] = []
     logs = [log for sample in contexts for log in sample.extra_fields[OutputField.TURN_LOG]]
@@ -118,6 +128,7 @@ def build_record(
                     answers_read=retained[len(turns)].read if len(turns) in retained else None,
                     answers_held=retained[len(turns)].held if len(turns) in retained else None,
                     advantage=_mean(advantages),
+                    weight_versions=_weight_versions(sample.extra_fields),
                 )
             )
     return TrajectoryRecord(

@@ -102,6 +102,9 @@ class Turn(_Record):
     answers_read: int | None = None
     answers_held: int | None = None
     advantage: float | None  # mean over the turn's sampled tokens, as the trainer used them (training only)
+    # [first, last] weight version (the trainer step whose update made the weights) of the generate calls of
+    # the context holding the turn, as verl's rollout server reports them; None where none is reported
+    weight_versions: list[int] | None = None
 
 
 class TrajectoryRecord(_Record):
