@@ -18,7 +18,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 #: where a record comes from: a training step, a validation, or `verl-memagent eval`
 Source = Literal["train", "validation", "eval"]
