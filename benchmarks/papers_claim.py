@@ -50,7 +50,8 @@ EVAL_TASKS = {"held_out": 24, "unseen": 16}
 RL_OBJECTIVES = 2
 AGENT_LOOPS = REPO / "recipes" / "cpu" / "composed_doors_agent_loops.yaml"
 RESULTS = REPO / "benchmarks" / "results" / "papers_claim.json"
-PLOT = REPO / "benchmarks" / "results" / "papers_claim.png"
+#: the plot beside its records: a sweep with records of its own (`--results`) draws beside them
+PLOT = RESULTS.with_suffix(".png")
 CELL_KEYS = ("agent", "phase", "seed")
 
 
@@ -258,14 +259,17 @@ def cell_records(
 
 
 # -- the report: a table of means and spreads over seeds, and the papers' plot
-def grouped(records: list[dict], door_set: str) -> dict[tuple, list[dict]]:
-    """The records of `door_set` by agent, phase and k; refused if an agent's records grew from two warm
-    starts (two builds' policies are different models, and their mean is of neither)."""
+def check_one_warm_start(records: list[dict]) -> None:
+    """Refuse an agent's records grown from two warm starts: two builds' policies are different models,
+    and a mean over both is of neither."""
     starts = defaultdict(set)
     for r in records:
         starts[r["agent"]].add(r["warm_start_sha256"])
     if mixed := {agent: sorted(shas) for agent, shas in starts.items() if len(shas) > 1}:
         raise ValueError(f"records from more than one warm start {mixed}: keep one build's records in the JSON")
+
+
+def grouped(records: list[dict], door_set: str) -> dict[tuple, list[dict]]:
     groups = defaultdict(list)
     for r in records:
         if r["door_set"] == door_set:
@@ -342,6 +346,8 @@ def plot(records: list[dict], path: Path) -> None:
 
 
 def report(records: list[dict], plot_path: Path = PLOT) -> dict:
+    """Print each door set's table, draw the plot to `plot_path`, print and return the k = 8 summary."""
+    check_one_warm_start(records)
     for door_set in EVAL_TASKS:
         print(f"\n{door_set} doors: EM per objective (mean ± sd over RL seeds) and mean peak context tokens\n")
         print(table(records, door_set))
@@ -406,7 +412,7 @@ def main(argv: list[str] | None = None) -> int:
         finally:
             if sweep.retriever is not None:
                 sweep.retriever.stop()
-    report(json.loads(args.results.read_text()))
+    report(json.loads(args.results.read_text()), args.results.with_suffix(".png"))
     return 0
 
 

@@ -98,9 +98,11 @@ def test_agents_are_chosen_by_name_and_an_unknown_one_is_refused(capsys):
     assert "unknown agent(s) ['memagent']: choose from memsearcher,mem1,react" in capsys.readouterr().err
 
 
-def test_the_report_refuses_records_of_two_warm_starts_of_one_agent():
+def test_the_report_refuses_records_of_two_warm_starts_of_one_agent(tmp_path):
     record = {"agent": "mem1", "phase": "before_rl", "seed": None, "door_set": "held_out", "objectives": 1}
     records = [{**record, "warm_start_sha256": "a"}, {**record, "objectives": 2, "warm_start_sha256": "b"}]
+    papers_claim.check_one_warm_start(records[:1])
     assert len(papers_claim.grouped(records[:1], "held_out")) == 1
     with pytest.raises(ValueError, match=r"more than one warm start \{'mem1': \['a', 'b'\]\}"):
-        papers_claim.grouped(records, "held_out")
+        papers_claim.report(records, plot_path=tmp_path / "plot.png")
+    assert not (tmp_path / "plot.png").exists()  # refused before anything is drawn
