@@ -47,12 +47,14 @@ AGENTS = ("memsearcher", "mem1", "react")
 OBJECTIVES = (1, 2, 4, 8)
 #: evaluation door sets and the questions composed from each at every k
 EVAL_TASKS = {"held_out": 24, "unseen": 16}
-RL_OBJECTIVES = 2
+#: objectives per RL question: two, as MEM1 trains; `--rl-objectives` mixes others in (a named experiment)
+RL_OBJECTIVES = (2,)
+#: RL questions composed at each of the RL objectives: one pass over the 96 RL doors at k = 2
+RL_TASKS_PER_OBJECTIVE = 48
 AGENT_LOOPS = REPO / "recipes" / "cpu" / "composed_doors_agent_loops.yaml"
 RESULTS = REPO / "benchmarks" / "results" / "papers_claim.json"
 #: the plot beside its records: a sweep with records of its own (`--results`) draws beside them
 PLOT = RESULTS.with_suffix(".png")
-CELL_KEYS = ("agent", "phase", "seed")
 
 
 def run(command: list[str], log: Path, env: dict[str, str] | None = None) -> None:
@@ -75,7 +77,8 @@ def once(done_dir: Path, make) -> Path:
 
 class Sweep:
     """The sweep's pieces and cells. `objectives`, `eval_tasks` and `rl_overrides` (hydra overrides of
-    composed_doors.yaml) shrink it for a test; the benchmark runs the defaults."""
+    composed_doors.yaml) shrink it for a test; the benchmark runs the defaults. `rl_objectives` other
+    than MEM1's (2,) trains on questions of each of those k: its cells are phases of their own."""
 
     def __init__(
         self,
@@ -88,10 +91,12 @@ class Sweep:
         objectives: tuple[int, ...] = OBJECTIVES,
         eval_tasks: dict[str, int] = EVAL_TASKS,
         rl_overrides: tuple[str, ...] = (),
+        rl_objectives: tuple[int, ...] = RL_OBJECTIVES,
     ):
         self.work, self.results, self.lock = work, results, lock
         self.build_seed, self.copy_steps, self.warm_steps = build_seed, copy_steps, warm_steps
         self.objectives, self.eval_tasks, self.rl_overrides = objectives, eval_tasks, rl_overrides
+        self.rl_objectives = rl_objectives
         self.build = work / "build"
         self.records = json.loads(results.read_text()) if results.is_file() else []
         self.machine = cpu()  # read once: every record carries it
@@ -122,7 +127,7 @@ class Sweep:
         once(self.build / "data", self.write_data)
 
     def write_data(self, out: Path) -> None:
-        """The evaluation tasks (the same for every agent and phase) and each agent's RL questions."""
+        """The evaluation tasks: the same for every agent and phase."""
         from verl_memagent.data.compose import task_rows
         from verl_memagent.data.prepare import write_parquet
 
@@ -132,25 +137,45 @@ class Sweep:
             for k in self.objectives:
                 rows = task_rows(pool, "memsearcher", "test", objectives=k, num_tasks=tasks, seed=0)
                 write_parquet(rows, out / f"{name}_k{k}.parquet")
-        for agent in AGENTS:
-            rows = task_rows(composed_doors.records(sets.rl, "rl"), agent, "train", objectives=RL_OBJECTIVES)
-            write_parquet(rows, out / f"rl_{agent}.parquet")
+
+    def rl_data(self, agent: str) -> Path:
+        """`agent`'s RL questions: `RL_TASKS_PER_OBJECTIVE` on the RL doors at each RL k, written once."""
+        from verl_memagent.data.compose import task_rows
+        from verl_memagent.data.prepare import write_parquet
+
+        path = self.build / "data" / f"rl_{agent}{rl_suffix(self.rl_objectives)}.parquet"
+        if not path.is_file():
+            pool = composed_doors.records(composed_doors.read_door_sets(self.build / "task").rl, "rl")
+            rows = [
+                row
+                for k in self.rl_objectives
+                for row in task_rows(pool, agent, "train", objectives=k, num_tasks=RL_TASKS_PER_OBJECTIVE)
+            ]
+            for index, row in enumerate(rows):
+                row["extra_info"]["index"] = index
+            write_parquet(rows, path)
+        return path
 
     # -- cells
+    def phase(self, phase: str) -> str:
+        """The cell's phase label: `after_rl` for RL on MEM1's k, `after_rl_k1-2` for another RL set."""
+        return phase + rl_suffix(self.rl_objectives) if phase == "after_rl" else phase
+
     def done(self, agent: str, phase: str, seed: int | None) -> bool:
-        return any((r["agent"], r["phase"], r["seed"]) == (agent, phase, seed) for r in self.records)
+        mine = (agent, self.phase(phase), seed)
+        return any((r["agent"], phase_label(r), r["seed"]) == mine for r in self.records)
 
     def warm_model(self, agent: str) -> Path:
         return self.build / "warm" / agent / "model"
 
     def train(self, agent: str, seed: int) -> Path:
         """The policy RL seed `seed` trains from `agent`'s warm start (verl's main_ppo, cached)."""
-        work = self.work / "rl" / f"{agent}_seed{seed}"
+        work = self.work / "rl" / f"{agent}{rl_suffix(self.rl_objectives)}_seed{seed}"
 
         def train_into(out: Path) -> None:
             env = {**os.environ, "VERL_PLATFORM": "cpu", "MEMAGENT_RETRIEVER_URL": self.retriever.url}
             env |= {"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "OMP_NUM_THREADS": "1"}
-            data = self.build / "data" / f"rl_{agent}.parquet"
+            data = self.rl_data(agent)
             command = [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={REPO / 'recipes' / 'cpu'}"]
             command += ["--config-name=composed_doors", f"actor_rollout_ref.model.path={self.warm_model(agent)}"]
             command += [f"data.train_files={data}", f"data.val_files={data}", f"data.seed={seed}"]
@@ -179,7 +204,7 @@ class Sweep:
         has its own clock) and save the cell's records."""
         cell, start = [], file_digest(self.warm_model(agent) / "model.safetensors")
         for k in self.objectives:
-            out = self.work / "eval" / f"{agent}_{phase}_{seed}" / f"k{k}"
+            out = self.work / "eval" / f"{agent}_{self.phase(phase)}_{seed}" / f"k{k}"
             data = [f"--data={name}_k{k}={self.build / 'data' / f'{name}_k{k}.parquet'}" for name in self.eval_tasks]
             command = [
                 str(Path(sys.executable).parent / "verl-memagent"),
@@ -196,7 +221,9 @@ class Sweep:
             run(command, out / "log", {**os.environ, "OMP_NUM_THREADS": "1"})
             wall = time.perf_counter() - began
             records = cell_records(agent, phase, seed, k, list(self.eval_tasks), out, wall)
-            cell += [{**record, "cpu": self.machine, "warm_start_sha256": start} for record in records]
+            trained_on = list(self.rl_objectives) if phase == "after_rl" else None
+            provenance = {"rl_objectives": trained_on, "cpu": self.machine, "warm_start_sha256": start}
+            cell += [{**record, **provenance} for record in records]
         self.records += cell
         self.save()
 
@@ -212,7 +239,19 @@ class Sweep:
             for agent in agents:
                 if not self.done(agent, "after_rl", seed):
                     self.score(agent, "after_rl", seed, self.train(agent, seed))
-                print(report_line(self.records, agent, seed), flush=True)
+                print(report_line(self.records, agent, self.phase("after_rl"), seed), flush=True)
+
+
+def rl_suffix(rl_objectives: tuple[int, ...]) -> str:
+    """'' for MEM1's RL set (k = 2), whose names predate the option; `_k1-2-4-8` for another."""
+    return "" if tuple(rl_objectives) == RL_OBJECTIVES else "_k" + "-".join(str(k) for k in rl_objectives)
+
+
+def phase_label(record: dict) -> str:
+    """A record's phase, its RL set named where it is not MEM1's."""
+    if record["phase"] == "after_rl":
+        return record["phase"] + rl_suffix(tuple(record["rl_objectives"]))
+    return record["phase"]
 
 
 def file_digest(path: Path) -> str:
@@ -273,8 +312,13 @@ def grouped(records: list[dict], door_set: str) -> dict[tuple, list[dict]]:
     groups = defaultdict(list)
     for r in records:
         if r["door_set"] == door_set:
-            groups[(r["agent"], r["phase"], r["objectives"])].append(r)
+            groups[(r["agent"], phase_label(r), r["objectives"])].append(r)
     return groups
+
+
+def phases(records: list[dict]) -> list[str]:
+    """The phase labels present: before RL, after RL on MEM1's k, then the other RL sets."""
+    return sorted({phase_label(r) for r in records}, key=lambda label: (label != "before_rl", label))
 
 
 def mean_spread(values: list[float]) -> str:
@@ -283,10 +327,12 @@ def mean_spread(values: list[float]) -> str:
     return f"{statistics.mean(values):.2f} ± {statistics.stdev(values):.2f}"
 
 
-def report_line(records: list[dict], agent: str, seed: int) -> str:
-    mine = [r for r in records if r["agent"] == agent and r["seed"] == seed and r["door_set"] == "held_out"]
+def report_line(records: list[dict], agent: str, phase: str, seed: int) -> str:
+    mine = [
+        r for r in records if (r["agent"], phase_label(r), r["seed"], r["door_set"]) == (agent, phase, seed, "held_out")
+    ]
     ems = " ".join(f"k{r['objectives']} {r['em']:.2f}" for r in sorted(mine, key=lambda r: r["objectives"]))
-    return f"{agent} seed {seed} after RL, held-out EM per objective: {ems}"
+    return f"{agent} seed {seed} {phase}, held-out EM per objective: {ems}"
 
 
 def table(records: list[dict], door_set: str) -> str:
@@ -295,11 +341,11 @@ def table(records: list[dict], door_set: str) -> str:
     head += " | " + " | ".join(f"peak ctx k={k}" for k in OBJECTIVES) + " | answered k=8 | s/question k=8 |"
     lines = [head, "|" + " --- |" * (3 + 2 * len(OBJECTIVES) + 2)]
     for agent in AGENTS:
-        for phase in ("before_rl", "after_rl"):
+        for phase in phases(records):
             cells = [groups.get((agent, phase, k), []) for k in OBJECTIVES]
             if not any(cells):
                 continue
-            seeds = len(cells[0]) if phase == "after_rl" else "-"
+            seeds = len(cells[0]) if phase != "before_rl" else "-"
             ems = [mean_spread([r["em"] for r in c]) if c else "" for c in cells]
             peaks = [f"{statistics.mean(r['peak_context_tokens'] for r in c):.0f}" if c else "" for c in cells]
             last = cells[-1]
@@ -318,7 +364,8 @@ def plot(records: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     groups = grouped(records, "held_out")
     for agent in AGENTS:
-        for phase, style in (("before_rl", ":"), ("after_rl", "-")):
+        for phase in phases(records):
+            style = {"before_rl": ":", "after_rl": "-"}.get(phase, "--")
             ks = [k for k in OBJECTIVES if groups.get((agent, phase, k))]
             if not ks:
                 continue
@@ -375,6 +422,10 @@ def agent_list(text: str) -> tuple[str, ...]:
     return agents
 
 
+def int_list(text: str) -> tuple[int, ...]:
+    return tuple(int(n) for n in text.split(","))
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=3, help="RL seeds 0..N-1 for every agent")
@@ -383,7 +434,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--build-seed", type=int, default=0, help="the tiny model, the doors and the warm starts")
     parser.add_argument(
         "--copy-steps",
-        type=lambda text: tuple(int(n) for n in text.split(",")),
+        type=int_list,
         default=(800, 1500),
         help="copy pretraining steps on adjacent, then distant repeats (composed_doors copy-pretrain)",
     )
@@ -399,13 +450,28 @@ def main(argv: list[str] | None = None) -> int:
         default=AGENTS,
         help="a comma list of the agents to build and score (the others' cells wait for a later run)",
     )
+    parser.add_argument(
+        "--rl-objectives",
+        type=int_list,
+        default=RL_OBJECTIVES,
+        help="objectives per RL question, a comma list (default 2, as MEM1 trains; e.g. 1,2,4,8 mixes every k, "
+        "the experiment against RL at k = 2 unlearning larger k): its cells are phases of their own",
+    )
     parser.add_argument("--lock", type=Path, help="a file to hold an exclusive flock on during each verl run")
     parser.add_argument("--report", action="store_true", help="only print the table and draw the plot")
     args = parser.parse_args(argv)
     if not args.report:
         if args.work is None:
             parser.error("--work is required to run the sweep")
-        sweep = Sweep(args.work, args.results, args.build_seed, args.copy_steps, args.warm_steps, args.lock)
+        sweep = Sweep(
+            args.work,
+            args.results,
+            args.build_seed,
+            args.copy_steps,
+            args.warm_steps,
+            args.lock,
+            rl_objectives=args.rl_objectives,
+        )
         try:
             sweep.prepare(args.agents)
             sweep.sweep(args.seeds, args.agents)

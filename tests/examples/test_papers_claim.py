@@ -62,6 +62,7 @@ def test_records_cover_every_cell_with_the_papers_figures(swept):
         assert record["questions"] == 2 and 0 <= record["em"] <= 1
         assert min(record[key] for key in ("peak_context_tokens", "prefill_tokens_per_question", "turns")) > 0
         assert record["cpu"]["model"] and record["warm_start_sha256"] == records[0]["warm_start_sha256"]
+        assert record["rl_objectives"] == ([2] if record["phase"] == "after_rl" else None)
     examples = work / "eval" / "mem1_after_rl_0" / "k2" / "examples.jsonl"
     assert all(json.loads(line)["golden_answers"].__len__() == 2 for line in examples.read_text().splitlines())
 
@@ -106,3 +107,36 @@ def test_the_report_refuses_records_of_two_warm_starts_of_one_agent(tmp_path):
     with pytest.raises(ValueError, match=r"more than one warm start \{'mem1': \['a', 'b'\]\}"):
         papers_claim.report(records, plot_path=tmp_path / "plot.png")
     assert not (tmp_path / "plot.png").exists()  # refused before anything is drawn
+
+
+def test_a_mixed_rl_set_composes_each_k_on_the_rl_doors_and_is_a_phase_of_its_own(tmp_path, tokenizer, capsys):
+    import pandas as pd
+
+    from memagent_examples import composed_doors
+
+    composed_doors.write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
+    mem1s, mixed = (papers_claim.Sweep(tmp_path, tmp_path / "r.json", rl_objectives=ks) for ks in ((2,), (1, 2, 8)))
+    rows = pd.read_parquet(mixed.rl_data("mem1"))
+    assert mixed.rl_data("mem1").name == "rl_mem1_k1-2-8.parquet" and mem1s.rl_data("mem1").name == "rl_mem1.parquet"
+    assert rows.extra_info.map(lambda info: info["objectives"]).value_counts().to_dict() == {1: 48, 2: 48, 8: 48}
+    assert rows.extra_info.map(lambda info: info["index"]).tolist() == list(range(144))
+    assert all(
+        len(row["ground_truth"]) == row_info["objectives"]
+        for row, row_info in zip(rows.reward_model, rows.extra_info, strict=True)
+    )
+    assert all(source == "rl" for info in rows.extra_info for source in info["sources"])
+    assert set(pd.read_parquet(mem1s.rl_data("mem1")).data_source) == {"multi_objective_2"}
+
+    record = {"agent": "mem1", "door_set": "held_out", "objectives": 8, "em": 0.5, "peak_context_tokens": 900}
+    record |= {"answered": 1.0, "seconds_per_question": 1.0, "warm_start_sha256": "a", "cpu": {"model": "x"}}
+    before = {**record, "phase": "before_rl", "seed": None, "rl_objectives": None}
+    after_k2 = {**record, "phase": "after_rl", "seed": 0, "rl_objectives": [2]}
+    mem1s.records = mixed.records = [before, after_k2]
+    assert mem1s.done("mem1", "after_rl", 0) and not mixed.done("mem1", "after_rl", 0)
+    assert mixed.done("mem1", "before_rl", None)  # one warm start, scored once for every RL set
+    after_mixed = {**record, "phase": "after_rl", "seed": 0, "rl_objectives": [1, 2, 8], "em": 0.25}
+    records = [before, after_k2, after_mixed]
+    assert papers_claim.phases(records) == ["before_rl", "after_rl", "after_rl_k1-2-8"]
+    lines = papers_claim.table(records, "held_out").splitlines()
+    assert [line.split(" | ")[1] for line in lines[2:]] == ["before_rl", "after_rl", "after_rl_k1-2-8"]
+    assert "| 0.25 |" in lines[-1] and "| 0.50 |" in lines[-2]
