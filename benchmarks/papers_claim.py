@@ -11,12 +11,16 @@ words in new pairs; `unseen`: words no training door used) at k = 1, 2, 4, 8: EM
 metric), peak context tokens per trajectory, tokens prefilled and decoded per question, seconds per
 question, turns and the share answered.
 
+RL starts from the warm starts shipped in `memagent_examples/composed_starts/` (the ones the committed
+records grew from: a warm start built on another CPU is another model, and the three cost ~7 core-hours);
+`--start build` builds the tiny model, copy pretraining and warm starts under `--work` instead.
+
 Every piece is cached under `--work` (the build once; each RL run and each scoring once), and each
 cell's records go to `--results` as soon as it is scored, so an interrupted sweep resumes where it
 stopped, on this machine or from the committed JSON on another (a cell whose records are there is not
 run again). `--report` prints the table and draws the plot from the JSON alone.
 
-    python benchmarks/papers_claim.py --seeds 3 --work DIR [--lock FILE]
+    python benchmarks/papers_claim.py --seeds 3 --work DIR [--lock FILE] [--start build]
     python benchmarks/papers_claim.py --report
 """
 
@@ -42,7 +46,7 @@ sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers 
 from retriever_process import ServerProcess, build_command, serve_command  # noqa: E402
 
 from memagent_examples import composed_doors  # noqa: E402
-from memagent_examples.learn_codes.start import cpu  # noqa: E402
+from memagent_examples.learn_codes.start import cpu, read_record  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
 OBJECTIVES = (1, 2, 4, 8)
@@ -79,7 +83,8 @@ def once(done_dir: Path, make) -> Path:
 class Sweep:
     """The sweep's pieces and cells. `objectives`, `eval_tasks` and `rl_overrides` (hydra overrides of
     composed_doors.yaml) shrink it for a test; the benchmark runs the defaults. `rl_objectives` other
-    than MEM1's (2,) trains on questions of each of those k: its cells are phases of their own."""
+    than MEM1's (2,) trains on questions of each of those k: its cells are phases of their own. `starts`: a
+    folder of warm starts, one per agent (`composed_doors.SHIPPED_STARTS`), which the build then does not make."""
 
     def __init__(
         self,
@@ -93,29 +98,40 @@ class Sweep:
         eval_tasks: dict[str, int] = EVAL_TASKS,
         rl_overrides: tuple[str, ...] = (),
         rl_objectives: tuple[int, ...] = RL_OBJECTIVES,
+        starts: Path | None = None,
     ):
         self.work, self.results, self.lock = work, results, lock
         self.build_seed, self.copy_steps, self.warm_steps = build_seed, copy_steps, warm_steps
         self.objectives, self.eval_tasks, self.rl_overrides = objectives, eval_tasks, rl_overrides
-        self.rl_objectives = rl_objectives
+        self.rl_objectives, self.starts = rl_objectives, starts
         self.build = work / "build"
         self.records = json.loads(results.read_text()) if results.is_file() else []
         self.machine = cpu()  # read once: every record carries it
         self.retriever: ServerProcess | None = None
 
-    # -- the build: tiny model, task, index, copy pretraining, one warm start per agent
+    # -- the build: tiny model, task, index, copy pretraining, one warm start per agent (or the task and
+    # index alone, for shipped warm starts)
     def prepare(self, agents: tuple[str, ...] = AGENTS) -> None:
         python = sys.executable
         seed = str(self.build_seed)
-        cli = [str(Path(python).parent / "verl-memagent")]
-        once(self.build / "model", lambda d: run([*cli, "tiny-model", "--out", str(d), "--seed", seed], d / "log"))
         doors = [python, "-m", "memagent_examples.composed_doors"]
+        if self.starts is None:
+            cli = [str(Path(python).parent / "verl-memagent")]
+            make_model = [*cli, "tiny-model", "--seed", seed]
+            once(self.build / "model", lambda d: run([*make_model, "--out", str(d)], d / "log"))
         task = self.build / "task"
-        make_task = [*doors, "task", "--tokenizer", str(self.build / "model"), "--seed", seed]
+        tokenizer = self.build / "model" if self.starts is None else self.warm_model(agents[0])
+        make_task = [*doors, "task", "--tokenizer", str(tokenizer), "--seed", seed]
         make_task += ["--base-corpus", str(REPO / "data" / "corpus.jsonl")]
         once(task, lambda d: run([*make_task, "--out", str(d)], d / "log.txt"))
         once(self.build / "bm25", lambda d: run(build_command("bm25", task / "corpus.jsonl", d / "index"), d / "log"))
         self.retriever = ServerProcess(serve_command(self.build / "bm25" / "index"), timeout_s=120, cwd=REPO)
+        if self.starts is None:
+            self.build_warm_starts(agents, doors, task)
+        once(self.build / "data", self.write_data)
+
+    def build_warm_starts(self, agents: tuple[str, ...], doors: list[str], task: Path) -> None:
+        seed = str(self.build_seed)
         adjacent, distant = (str(steps) for steps in self.copy_steps)
         copy = [*doors, "copy-pretrain", "--model", str(self.build / "model"), "--steps", adjacent]
         copy += ["--distant-steps", distant]
@@ -125,7 +141,6 @@ class Sweep:
             warm += ["--task", str(task), "--retriever", self.retriever.url, "--agent-loops", str(AGENT_LOOPS)]
             warm += ["--steps", str(self.warm_steps), "--seed", seed]
             once(self.build / "warm" / agent, lambda d, w=warm: run([*w, "--out", str(d / "model")], d / "log"))
-        once(self.build / "data", self.write_data)
 
     def write_data(self, out: Path) -> None:
         """The evaluation tasks: the same for every agent and phase."""
@@ -166,7 +181,7 @@ class Sweep:
         return any((r["agent"], record_phase(r), r["seed"]) == mine for r in self.records)
 
     def warm_model(self, agent: str) -> Path:
-        return self.build / "warm" / agent / "model"
+        return self.build / "warm" / agent / "model" if self.starts is None else self.starts / agent
 
     def train(self, agent: str, seed: int) -> Path:
         """The policy RL seed `seed` trains from `agent`'s warm start (verl's main_ppo, cached)."""
@@ -420,6 +435,14 @@ def report(records: list[dict], plot_path: Path = PLOT) -> dict:
     return summary
 
 
+def shipped_seed(agents: tuple[str, ...]) -> int:
+    """The build seed of the shipped warm starts: their doors are the task's of that seed."""
+    seeds = {read_record(composed_doors.SHIPPED_STARTS / agent)["inputs"]["seed"] for agent in agents}
+    if len(seeds) != 1:
+        raise SystemExit(f"the shipped warm starts were built from different seeds {sorted(seeds)}")
+    return seeds.pop()
+
+
 def agent_list(text: str) -> tuple[str, ...]:
     agents = tuple(text.split(","))
     if unknown := [agent for agent in agents if agent not in AGENTS]:
@@ -436,18 +459,24 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seeds", type=int, default=3, help="RL seeds 0..N-1 for every agent")
     parser.add_argument("--work", type=Path, help="where the build, RL runs and scorings are cached")
     parser.add_argument("--results", type=Path, default=RESULTS, help="the records' JSON (read to resume)")
-    parser.add_argument("--build-seed", type=int, default=0, help="the tiny model, the doors and the warm starts")
+    parser.add_argument(
+        "--start",
+        choices=("shipped", "build"),
+        default="shipped",
+        help="shipped: RL starts from memagent_examples/composed_starts (the committed records' warm starts); "
+        "build: build the tiny model, copy pretraining and warm starts under --work (~7 core-hours)",
+    )
+    parser.add_argument("--build-seed", type=int, help="--start build: the tiny model, the doors and the warm starts")
     parser.add_argument(
         "--copy-steps",
         type=int_list,
-        default=(800, 1500),
-        help="copy pretraining steps on adjacent, then distant repeats (composed_doors copy-pretrain)",
+        help="--start build: copy pretraining steps on adjacent, then distant repeats (default 800,1500)",
     )
     parser.add_argument(
         "--warm-steps",
         type=int,
-        default=composed_doors.WARM_STEPS,
-        help="supervised steps of every agent's warm start (the last third decaying the lr)",
+        help=f"--start build: supervised steps of every agent's warm start (default {composed_doors.WARM_STEPS}, "
+        "the last third decaying the lr)",
     )
     parser.add_argument(
         "--agents",
@@ -468,14 +497,19 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         if args.work is None:
             parser.error("--work is required to run the sweep")
+        built = {"--build-seed": args.build_seed, "--copy-steps": args.copy_steps, "--warm-steps": args.warm_steps}
+        if args.start == "shipped" and (given := [name for name, value in built.items() if value is not None]):
+            parser.error(f"{', '.join(given)}: settings of a build; add --start build, or leave them out")
+        starts = composed_doors.SHIPPED_STARTS if args.start == "shipped" else None
         sweep = Sweep(
             args.work,
             args.results,
-            args.build_seed,
-            args.copy_steps,
-            args.warm_steps,
+            shipped_seed(args.agents) if starts else args.build_seed or 0,
+            args.copy_steps or (800, 1500),
+            args.warm_steps or composed_doors.WARM_STEPS,
             args.lock,
             rl_objectives=args.rl_objectives,
+            starts=starts,
         )
         try:
             sweep.prepare(args.agents)

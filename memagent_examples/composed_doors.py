@@ -16,7 +16,8 @@ The doors come in four disjoint sets (`DoorSets`):
 
 `write_door_sets` writes the corpus and one FlashRAG file per set; `demonstration_scripts` writes what
 an agent that knows the task plays, in that agent's own format (`ModelFormat`), and `warm_start_agent`
-trains a copy-pretrained tiny model on the contexts the real agent loop builds from them.
+trains a copy-pretrained tiny model on the contexts the real agent loop builds from them; the three agents'
+warm starts at the defaults are shipped in `composed_starts/` (`SHIPPED_STARTS`).
 """
 
 from __future__ import annotations
@@ -55,6 +56,10 @@ COPY_ROWS = CopyRows(adjacent=8, distant=4)
 ANSWER_ROWS = 32
 #: verl's prompt and response room (recipes/cpu/composed_doors.yaml): ReAct's whole history at 8 objectives fits
 PROMPT_LENGTH, RESPONSE_LENGTH = 1024, 6144
+#: the warm starts the sweep's committed records grew from, one folder per agent (model, tokenizer and the
+#: `build.json` of `warm_start_agent` at the defaults, seed 0): a warm start built on another CPU is another
+#: model (`learn_codes.start`), and these took ~7 core-hours, so RL starts from them unless told to build
+SHIPPED_STARTS = Path(__file__).resolve().parent / "composed_starts"
 
 
 @dataclass(frozen=True)

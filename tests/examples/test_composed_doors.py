@@ -17,6 +17,8 @@ from memagent_examples.composed_doors import (
     PROMPT_LENGTH,
     RESPONSE_LENGTH,
     SETS,
+    SHIPPED_STARTS,
+    WARM_STEPS,
     AnswerRows,
     agent_format,
     composed_texts,
@@ -26,6 +28,8 @@ from memagent_examples.composed_doors import (
     warm_start_agent,
     write_door_sets,
 )
+from memagent_examples.learn_codes.start import contexts_digest, read_record
+from memagent_examples.learn_codes.warm_start import scripted_samples
 from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config
 from verl_memagent.data.compose import TASK_PREFIX
@@ -146,6 +150,23 @@ def test_warm_start_trains_on_the_loops_samples_and_checkpoints(task, tiny_model
         record = json.loads((saved / "build.json").read_text())
         assert (saved / "model.safetensors").is_file() and record["inputs"]["steps"] == steps
         assert record["inputs"]["agent"] == "react" and record["samples"] == 4  # react: one sample a trajectory
+
+
+@pytest.mark.parametrize("agent", ["memsearcher", "mem1", "react"])
+def test_the_agent_loops_build_the_contexts_each_shipped_start_learned(task, tokenizer, agent):
+    """A prompt, template, format or door change shows a shipped warm start contexts it was not trained
+    on: then this fails, and the starts must be rebuilt (`papers_claim.py --start build`) and shipped anew."""
+    task_dir, sets, url = task
+    record = read_record(SHIPPED_STARTS / agent)
+    inputs = record["inputs"]
+    assert (inputs["agent"], inputs["steps"], inputs["seed"]) == (agent, WARM_STEPS, 0)  # the task fixture's seed
+    model = agent_format(agent, tokenizer, "qwen2", str(AGENT_LOOPS), url)
+    scripts = demonstration_scripts(model, sets.demos, inputs["tasks_per_objective"], 0, inputs["objectives"])
+    lengths = (PROMPT_LENGTH, RESPONSE_LENGTH)  # the digest's 64 contexts come from the first 64 questions, k = 1
+    samples = asyncio.run(
+        scripted_samples(agent, scripts[:64], tokenizer, str(AGENT_LOOPS), *lengths, "qwen2", retriever_urls=url)
+    )
+    assert contexts_digest(samples[:64]) == record["contexts"]["sha256"]
 
 
 @pytest.mark.parametrize("agent", ["memsearcher", "mem1", "react"])

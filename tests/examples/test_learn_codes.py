@@ -17,6 +17,7 @@ import yaml
 from retriever_process import build_command
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
+from memagent_examples.composed_doors import SHIPPED_STARTS
 from memagent_examples.learn_codes.reward_curve import eval_em, follow, summary
 from memagent_examples.learn_codes.reward_curve import main as reward_curve_main
 from memagent_examples.learn_codes.start import DIGESTED_DOORS, SHIPPED, contexts_digest, read_record
@@ -166,15 +167,17 @@ def test_warm_start_trains_on_the_loops_own_samples(task, tiny_model_dir, tokeni
     assert sum(losses[-3:]) < sum(losses[:3])
 
 
-def test_the_shipped_start_has_the_tokenizer_and_config_the_code_builds(tiny_model_dir, tokenizer):
-    """`START=build` builds what was shipped: the same tokenizer (as loaded: transformers converts it
-    to its Qwen2 form), chat template and model config; only the weights are trained."""
-    shipped = AutoTokenizer.from_pretrained(SHIPPED)
+@pytest.mark.parametrize("start", [SHIPPED, *(SHIPPED_STARTS / agent for agent in ("memsearcher", "mem1", "react"))])
+def test_each_shipped_start_has_the_tokenizer_and_config_the_code_builds(tiny_model_dir, tokenizer, start):
+    """`START=build` (and `papers_claim.py --start build`) builds what was shipped: the same tokenizer
+    (as loaded: transformers converts it to its Qwen2 form), chat template and model config; only the
+    weights are trained."""
+    shipped = AutoTokenizer.from_pretrained(start)
     assert shipped.backend_tokenizer.to_str() == tokenizer.backend_tokenizer.to_str()
     assert shipped.chat_template == tokenizer.chat_template
     assert shipped.all_special_tokens == tokenizer.all_special_tokens
     for name in ("config.json", "generation_config.json"):
-        built, ours = (json.loads((model / name).read_text()) for model in (tiny_model_dir, SHIPPED))
+        built, ours = (json.loads((model / name).read_text()) for model in (tiny_model_dir, start))
         assert {**ours, "transformers_version": None} == {**built, "transformers_version": None}, name
 
 

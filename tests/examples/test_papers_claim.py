@@ -99,6 +99,20 @@ def test_agents_are_chosen_by_name_and_an_unknown_one_is_refused(capsys):
     assert "unknown agent(s) ['memagent']: choose from memsearcher,mem1,react" in capsys.readouterr().err
 
 
+def test_the_committed_records_grew_from_the_shipped_warm_starts(capsys):
+    """What `--start shipped` (the default) trains from is what the committed JSON's cells grew from, so
+    a sweep on another machine resumes them rather than mixing in a second warm start."""
+    from memagent_examples.composed_doors import SHIPPED_STARTS
+
+    records = json.loads(papers_claim.RESULTS.read_text())
+    grown_from = {(r["agent"], r["warm_start_sha256"]) for r in records}
+    shipped = {(a, papers_claim.file_digest(SHIPPED_STARTS / a / "model.safetensors")) for a in papers_claim.AGENTS}
+    assert grown_from == shipped and papers_claim.shipped_seed(papers_claim.AGENTS) == 0
+    with pytest.raises(SystemExit):
+        papers_claim.main(["--work", "unused", "--warm-steps", "300"])
+    assert "--warm-steps: settings of a build; add --start build, or leave them out" in capsys.readouterr().err
+
+
 def test_the_report_refuses_records_of_two_warm_starts_of_one_agent(tmp_path):
     record = {"agent": "mem1", "phase": "before_rl", "seed": None, "door_set": "held_out", "objectives": 1}
     records = [{**record, "warm_start_sha256": "a"}, {**record, "objectives": 2, "warm_start_sha256": "b"}]
