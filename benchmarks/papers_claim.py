@@ -32,6 +32,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
+from collections.abc import Sequence
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -158,12 +159,11 @@ class Sweep:
 
     # -- cells
     def phase(self, phase: str) -> str:
-        """The cell's phase label: `after_rl` for RL on MEM1's k, `after_rl_k1-2` for another RL set."""
-        return phase + rl_suffix(self.rl_objectives) if phase == "after_rl" else phase
+        return phase_label(phase, self.rl_objectives)
 
     def done(self, agent: str, phase: str, seed: int | None) -> bool:
         mine = (agent, self.phase(phase), seed)
-        return any((r["agent"], phase_label(r), r["seed"]) == mine for r in self.records)
+        return any((r["agent"], record_phase(r), r["seed"]) == mine for r in self.records)
 
     def warm_model(self, agent: str) -> Path:
         return self.build / "warm" / agent / "model"
@@ -202,7 +202,10 @@ class Sweep:
     def score(self, agent: str, phase: str, seed: int | None, model: Path) -> None:
         """Score `model` on every evaluation set at every k (one eval process per k, so that each k
         has its own clock) and save the cell's records."""
-        cell, start = [], file_digest(self.warm_model(agent) / "model.safetensors")
+        start = file_digest(self.warm_model(agent) / "model.safetensors")
+        trained_on = list(self.rl_objectives) if phase == "after_rl" else None
+        provenance = {"rl_objectives": trained_on, "cpu": self.machine, "warm_start_sha256": start}
+        cell = []
         for k in self.objectives:
             out = self.work / "eval" / f"{agent}_{self.phase(phase)}_{seed}" / f"k{k}"
             data = [f"--data={name}_k{k}={self.build / 'data' / f'{name}_k{k}.parquet'}" for name in self.eval_tasks]
@@ -221,8 +224,6 @@ class Sweep:
             run(command, out / "log", {**os.environ, "OMP_NUM_THREADS": "1"})
             wall = time.perf_counter() - began
             records = cell_records(agent, phase, seed, k, list(self.eval_tasks), out, wall)
-            trained_on = list(self.rl_objectives) if phase == "after_rl" else None
-            provenance = {"rl_objectives": trained_on, "cpu": self.machine, "warm_start_sha256": start}
             cell += [{**record, **provenance} for record in records]
         self.records += cell
         self.save()
@@ -247,11 +248,13 @@ def rl_suffix(rl_objectives: tuple[int, ...]) -> str:
     return "" if tuple(rl_objectives) == RL_OBJECTIVES else "_k" + "-".join(str(k) for k in rl_objectives)
 
 
-def phase_label(record: dict) -> str:
-    """A record's phase, its RL set named where it is not MEM1's."""
-    if record["phase"] == "after_rl":
-        return record["phase"] + rl_suffix(tuple(record["rl_objectives"]))
-    return record["phase"]
+def phase_label(phase: str, rl_objectives: Sequence[int] | None) -> str:
+    """A cell's phase, its RL set named where it is not MEM1's: `after_rl`, `after_rl_k1-2-4-8`."""
+    return phase + rl_suffix(tuple(rl_objectives)) if phase == "after_rl" else phase
+
+
+def record_phase(record: dict) -> str:
+    return phase_label(record["phase"], record.get("rl_objectives"))  # null before RL
 
 
 def file_digest(path: Path) -> str:
@@ -312,13 +315,13 @@ def grouped(records: list[dict], door_set: str) -> dict[tuple, list[dict]]:
     groups = defaultdict(list)
     for r in records:
         if r["door_set"] == door_set:
-            groups[(r["agent"], phase_label(r), r["objectives"])].append(r)
+            groups[(r["agent"], record_phase(r), r["objectives"])].append(r)
     return groups
 
 
 def phases(records: list[dict]) -> list[str]:
     """The phase labels present: before RL, after RL on MEM1's k, then the other RL sets."""
-    return sorted({phase_label(r) for r in records}, key=lambda label: (label != "before_rl", label))
+    return sorted({record_phase(r) for r in records}, key=lambda label: (label != "before_rl", label))
 
 
 def mean_spread(values: list[float]) -> str:
@@ -329,7 +332,9 @@ def mean_spread(values: list[float]) -> str:
 
 def report_line(records: list[dict], agent: str, phase: str, seed: int) -> str:
     mine = [
-        r for r in records if (r["agent"], phase_label(r), r["seed"], r["door_set"]) == (agent, phase, seed, "held_out")
+        r
+        for r in records
+        if (r["agent"], record_phase(r), r["seed"], r["door_set"]) == (agent, phase, seed, "held_out")
     ]
     ems = " ".join(f"k{r['objectives']} {r['em']:.2f}" for r in sorted(mine, key=lambda r: r["objectives"]))
     return f"{agent} seed {seed} {phase}, held-out EM per objective: {ems}"
