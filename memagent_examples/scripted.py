@@ -93,6 +93,21 @@ def agent_texts(agent: str, queries: list[str], memories: list[str], answer: str
     return [*texts, f"It is known now.</think>\n\\boxed{{{answer}}}{eos_token}"]
 
 
+def server_weight_versions(row: dict[str, Any]) -> dict[str, int]:
+    """The weight version a real rollout server reports (`ScriptedPolicy.server_fields`) for a training row
+    dispatched at step s (its `global_steps`): s - 1. verl's sync and colocated trainers update the rollout's
+    weights at the end of each step (`on_step_end`; 0, the initial weights, at `on_init_end`), and the
+    scripted policy answers at once, so a row dispatched at step s meets the weights of step s - 1, and
+    verl's staleness metric (s - 1 - `max_global_steps`) reads 0. A validation pass runs after its step's
+    update, where a server reports s itself; verl hands an agent loop the validation flag beside the row,
+    not in it, so this is the training rows' version only (no test validates with the scripted loop).
+    Nothing where the row has no step."""
+    step = row.get("global_steps")
+    if step is None:
+        return {}
+    return dict.fromkeys(("global_steps", "min_global_steps", "max_global_steps"), int(step) - 1)
+
+
 class ScriptedAgentLoop:
     """The project's agent loop `agent` (its shipped entry, `settings` overriding) with a `ScriptedPolicy`
     in place of the LLM server: rollouts fixed in advance, several turns long, whose rewards differ
@@ -118,12 +133,8 @@ class ScriptedAgentLoop:
     async def run(self, sampling_params: dict[str, Any], **row):
         from verl_memagent.agent import instantiate_agent_loop
 
-        # the weight version a sync run's server reports: the step's own (verl's staleness metrics read it)
-        steps = row.get("global_steps")
-        versions = (
-            {} if steps is None else {"global_steps": steps, "min_global_steps": steps, "max_global_steps": steps}
-        )
-        policy = ScriptedPolicy(self.tokenizer, self.texts(int(row["session_id"]), row), server_fields=versions)
+        texts = self.texts(int(row["session_id"]), row)
+        policy = ScriptedPolicy(self.tokenizer, texts, server_fields=server_weight_versions(row))
         loop = instantiate_agent_loop(
             self.agent, self.trainer_config, policy, self.tokenizer, self.hf_model_type, **self.settings
         )

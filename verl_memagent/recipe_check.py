@@ -67,6 +67,20 @@ def compose(launch: RecipeLaunch) -> DictConfig:
         return hydra_compose(config_name=launch.config_name, overrides=launch.overrides)
 
 
+def flat(config: DictConfig, resolve: bool = True) -> dict[str, object]:
+    """The config's values by dotted key (`a.b.c`), resolved unless told not to (then an interpolation is
+    its `${...}` text); an empty section is one key."""
+
+    def walk(tree: dict, prefix: str) -> dict[str, object]:
+        found: dict[str, object] = {}
+        for key, value in tree.items():
+            path = f"{prefix}{key}"
+            found.update(walk(value, f"{path}.") if isinstance(value, dict) and value else {path: value})
+        return found
+
+    return walk(OmegaConf.to_container(config, resolve=resolve), "")
+
+
 def verl_base_config() -> DictConfig:
     """verl's own `ppo_trainer` config, the base every recipe inherits."""
     from hydra import compose as hydra_compose

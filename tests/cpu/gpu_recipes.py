@@ -50,9 +50,14 @@ def recipe_env(model: Path, data: Path, work: Path, retriever_url: str, loops: P
     }
 
 
+def recipe_args(work: Path, *overrides: str) -> list[str]:
+    """The recipe script's arguments: what CPU needs, the checkpoints in `work`, then `overrides`."""
+    return [*ON_CPU, f"trainer.default_local_dir={work / 'checkpoints'}", *overrides]
+
+
 def launch(agent: str, env: dict, work: Path, *overrides: str) -> subprocess.Popen:
     """The recipe script in its own session (so that a test can kill the whole run), output to work/log."""
-    command = ["bash", str(SCRIPTS[agent]), *ON_CPU, f"trainer.default_local_dir={work / 'checkpoints'}", *overrides]
+    command = ["bash", str(SCRIPTS[agent]), *recipe_args(work, *overrides)]
     log = (work / "run.log").open("a")
     return subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
 

@@ -68,3 +68,21 @@ async def test_mem1_answers_some_objectives_right(tokenizer, retriever_url):
         golds = TASK["reward_model"]["ground_truth"]
         scores.append(multi_objective_em("leda", final["final_response"], golds, extra_info=dict(final))["score"])
     assert scores == [2.0, 1.0, 2.0]
+
+
+@pytest.mark.parametrize(("step", "version"), [(1, 0), (3, 2)])
+async def test_a_row_reports_the_weights_of_the_step_before_its_own(step, version, tokenizer, retriever_url):
+    """What a real server reports: the weights verl loaded at the end of step - 1 (0: the initial ones), so
+    that verl's staleness of the row, (step - 1) - max_global_steps, reads 0, not -1."""
+    outputs = await scripted("memsearcher", tokenizer, retriever_url).run(
+        verl_sampling_params(), session_id=0, global_steps=step, **ROW
+    )
+    assert len(outputs) == 3  # two searches and the answer: every context's calls report it
+    for output in outputs:
+        fields = output.extra_fields
+        assert (fields["min_global_steps"], fields["max_global_steps"]) == (version, version)
+
+
+async def test_a_row_without_a_step_reports_no_version(tokenizer, retriever_url):
+    outputs = await scripted("memsearcher", tokenizer, retriever_url).run(verl_sampling_params(), session_id=0, **ROW)
+    assert all("max_global_steps" not in output.extra_fields for output in outputs)

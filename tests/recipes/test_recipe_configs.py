@@ -21,7 +21,7 @@ from hydra.errors import ConfigCompositionException
 from released_values import RELEASED, RELEASED_AGENT
 
 from verl_memagent.cli import main as cli
-from verl_memagent.recipe_check import check_config, compose, dry_run
+from verl_memagent.recipe_check import check_config, compose, dry_run, flat
 
 REPO = Path(__file__).resolve().parents[2]
 RECIPE_SCRIPTS = sorted(p for p in (REPO / "recipes").glob("*/run_*.sh"))
@@ -191,18 +191,8 @@ CONTEXT_KEYS = {
 CONTEXT_SETTINGS = {"memory_max_tokens", "memory_overflow", "prompts", "tags"}
 
 
-def _flat(config, prefix: str = "") -> dict:
-    from omegaconf import OmegaConf
-
-    flat = {}
-    for key, value in (OmegaConf.to_container(config, resolve=True) if prefix == "" else config).items():
-        path = f"{prefix}{key}"
-        flat.update(_flat(value, f"{path}.") if isinstance(value, dict) and value else {path: value})
-    return flat
-
-
 def _composed(script: Path, env: dict[str, str]) -> dict:
-    return _flat(compose(dry_run(script, env)))
+    return flat(compose(dry_run(script, env)))
 
 
 @pytest.mark.parametrize("agent", sorted(RELEASED))
