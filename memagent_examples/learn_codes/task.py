@@ -224,21 +224,20 @@ CODE = {".py", ".yaml", ".jinja"}
 def build_key(inputs: dict, files: list[Path]) -> str:
     """A digest of what the task and its warm start are built from: `inputs` (seed, steps, ...), the
     `files` given, the code that builds the tiny model, the task, the retriever's answers and the agent
-    loop's contexts (not the shipped starts' files), and the versions of `start.LIBRARIES`. Equal
-    digests, equal builds: the main job reuses a cached build under its key."""
+    loop's contexts (not a shipped warm start's files: a folder with a build record), and the versions of
+    `start.LIBRARIES`. Equal digests, equal builds: the main job reuses a cached build under its key."""
     from importlib.metadata import version
 
     import memagent_examples
     import retriever_server
     import verl_memagent
-    from memagent_examples.composed_doors import SHIPPED_STARTS
-    from memagent_examples.learn_codes.start import LIBRARIES, SHIPPED
+    from memagent_examples.learn_codes.start import LIBRARIES, RECORD
 
     package = Path(verl_memagent.__file__).parent
     sources = [package / "agent", package / "search", package / "tiny_model.py"]
     sources += [Path(retriever_server.__file__).parent, Path(memagent_examples.__file__).parent]
     code = [p for root in sources for p in ([root] if root.is_file() else root.rglob("*")) if p.suffix in CODE]
-    code = sorted(p for p in code if not {SHIPPED, SHIPPED_STARTS} & set(p.parents))
+    code = sorted(p for p in code if not any((folder / RECORD).is_file() for folder in p.parents))
     digest = hashlib.sha256(json.dumps({**inputs, **{lib: version(lib) for lib in LIBRARIES}}).encode())
     for path in [*code, *files]:
         digest.update(f"{path.name}\0".encode())
