@@ -183,19 +183,25 @@ class Sweep:
     def warm_model(self, agent: str) -> Path:
         return self.build / "warm" / agent / "model" if self.starts is None else self.starts / agent
 
+    def rl_command(self, agent: str, seed: int, out: Path) -> tuple[list[str], dict[str, str]]:
+        """verl's main_ppo command and environment of RL seed `seed` from `agent`'s warm start, written to `out`
+        (metrics.jsonl, checkpoints/); the retriever must be up (`prepare`)."""
+        env = {**os.environ, "VERL_PLATFORM": "cpu", "MEMAGENT_RETRIEVER_URL": self.retriever.url}
+        env |= {"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "OMP_NUM_THREADS": "1"}
+        data = self.rl_data(agent)
+        command = [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={REPO / 'recipes' / 'cpu'}"]
+        command += ["--config-name=composed_doors", f"actor_rollout_ref.model.path={self.warm_model(agent)}"]
+        command += [f"data.train_files={data}", f"data.val_files={data}", f"data.seed={seed}"]
+        command += [f"actor_rollout_ref.rollout.seed={seed}", f"trainer.default_local_dir={out / 'checkpoints'}"]
+        command += [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}", *self.rl_overrides]
+        return command, env
+
     def train(self, agent: str, seed: int) -> Path:
         """The policy RL seed `seed` trains from `agent`'s warm start (verl's main_ppo, cached)."""
         work = self.work / "rl" / f"{agent}{rl_suffix(self.rl_objectives)}_seed{seed}"
 
         def train_into(out: Path) -> None:
-            env = {**os.environ, "VERL_PLATFORM": "cpu", "MEMAGENT_RETRIEVER_URL": self.retriever.url}
-            env |= {"VERL_FILE_LOGGER_PATH": str(out / "metrics.jsonl"), "OMP_NUM_THREADS": "1"}
-            data = self.rl_data(agent)
-            command = [sys.executable, "-m", "verl.trainer.main_ppo", f"--config-path={REPO / 'recipes' / 'cpu'}"]
-            command += ["--config-name=composed_doors", f"actor_rollout_ref.model.path={self.warm_model(agent)}"]
-            command += [f"data.train_files={data}", f"data.val_files={data}", f"data.seed={seed}"]
-            command += [f"actor_rollout_ref.rollout.seed={seed}", f"trainer.default_local_dir={out / 'checkpoints'}"]
-            command += [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}", *self.rl_overrides]
+            command, env = self.rl_command(agent, seed, out)
             with self.holding_lock():
                 began = time.perf_counter()
                 run(command, out / "train.log", env)

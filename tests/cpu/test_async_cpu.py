@@ -28,9 +28,8 @@ from pathlib import Path
 
 import pytest
 from gpu_recipes import metrics
-from vllm_cpu import run_cpu_recipe_through_vllm
+from vllm_cpu import SEPARATE_ASYNC_ONE_REPLICA, run_cpu_recipe_through_vllm
 
-from verl_memagent.cpu import GLOO_BACKEND, GLOO_BACKEND_MODULE
 from verl_memagent.trajectories.files import read_records
 
 # verl's main_ppo runs on CPU; a vLLM engine took 9 minutes to start on a loaded 2-core machine
@@ -38,19 +37,12 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 THRESHOLD = 1  # verl's max_off_policy_threshold: the number of weight versions a trained group may span
 STEPS, QUESTIONS, ROLLOUTS = 2, 2, 2  # recipes/cpu/smoke.yaml
-ENGINE = "actor_rollout_ref.rollout.checkpoint_engine"
 RUNS = {
     "memagent_colocate_async": ("mem1", []),
     "memagent_separate_async": (
         "memsearcher",
-        [
-            "trainer.v1.separate_async.parameter_sync_step=1",  # x ppo_mini_batch_size 2 = train_batch_size
-            "actor_rollout_ref.hybrid_engine=False",
-            "actor_rollout_ref.rollout.nnodes=1",
-            "actor_rollout_ref.rollout.n_gpus_per_node=1",
-            f"{ENGINE}.backend={GLOO_BACKEND}",
-            f"{ENGINE}.custom_backend_module={GLOO_BACKEND_MODULE}",
-        ],
+        # x ppo_mini_batch_size 2 = train_batch_size
+        [*SEPARATE_ASYNC_ONE_REPLICA, "trainer.v1.separate_async.parameter_sync_step=1"],
     ),
 }
 

@@ -1,0 +1,92 @@
+"""`benchmarks/async_speedup.py`'s launches, composed as main_ppo composes them: both modes' configs pass the
+checks verl and the plugin make at launch, and differ in the trainer and the replica's settings only. A
+misspelt override costs a second here, where the benchmark costs two vLLM-CPU launches."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(REPO / "benchmarks"))
+
+import async_speedup  # noqa: E402
+from papers_claim import AGENT_LOOPS  # noqa: E402
+
+from verl_memagent.algo.trainer import check_checkpoint_engine, check_rollout_backend  # noqa: E402
+from verl_memagent.recipe_check import RecipeLaunch, check_config, compose, flat  # noqa: E402
+
+CPU_RECIPES = REPO / "recipes" / "cpu"
+
+
+def composed(mode: str):
+    overrides = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}"]
+    # the task's rows name their agent (agent_name); check_config asks for a default among the loops
+    overrides.append("actor_rollout_ref.rollout.agent.default_agent_loop=mem1")
+    launch = RecipeLaunch(CPU_RECIPES, "composed_doors", [*overrides, *async_speedup.mode_overrides(mode, 3)])
+    return launch, compose(launch)
+
+
+@pytest.mark.parametrize("mode", list(async_speedup.MODES))
+def test_each_mode_launches_a_valid_config_through_vllm(mode, monkeypatch):
+    monkeypatch.setenv("VERL_PLATFORM", "cpu")  # check_checkpoint_engine's CPU rule
+    launch, config = composed(mode)
+    check_config(config, launch.recipe_yaml)
+    base_mode = mode.removeprefix("memagent_")
+    check_rollout_backend(config, base_mode)
+    check_checkpoint_engine(config, base_mode)
+    assert config.actor_rollout_ref.rollout.name == "vllm"
+    assert config.trainer.total_training_steps == 3
+    # a logical GPU for the trainer's rank, one more for the replica of its own
+    assert config.ray_kwargs.ray_init.num_gpus == (2 if mode == "memagent_separate_async" else 1)
+
+
+def test_the_modes_differ_in_the_trainer_and_the_replica_only():
+    sync, separate = (flat(composed(mode)[1]) for mode in async_speedup.MODES)
+    differing = {key for key in sync.keys() | separate.keys() if sync.get(key) != separate.get(key)}
+    assert differing == {
+        "trainer.v1.trainer_mode",
+        "actor_rollout_ref.hybrid_engine",
+        "actor_rollout_ref.rollout.nnodes",  # n_gpus_per_node: 1, the trainer's, either way
+        "actor_rollout_ref.rollout.checkpoint_engine.backend",
+        "actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module",
+        "ray_kwargs.ray_init.num_gpus",
+        "ray_kwargs.ray_init.num_cpus",
+    }
+    # verl's rule (trainer_separate_async.py:59): a local step per mini-batch, so sync's updates, one per question
+    mini_batch = separate["actor_rollout_ref.actor.ppo_mini_batch_size"]
+    assert separate["data.train_batch_size"] == separate["trainer.v1.separate_async.parameter_sync_step"] * mini_batch
+
+
+def step(seconds: float, wait: float, contexts: float, tokens: int, staleness: int) -> dict:
+    """One step's metrics line, as verl and the plugin log it, for 8 trajectories."""
+    off_policy = "training/off_policy/trajectory_staleness"
+    return {
+        "timing_s/step": seconds,
+        "timing_s/gen": wait,
+        "agent/trajectories": 8.0,
+        "agent/contexts/mean": contexts,
+        "agent/contexts/max": 2 * contexts,
+        "perf/total_num_tokens": tokens,
+        f"{off_policy}/mean": float(staleness),
+        f"{off_policy}/max": staleness,
+    }
+
+
+def test_a_modes_figures_pool_its_launches_steps_after_the_first():
+    first = step(100.0, 50.0, 9.0, 99_999, 0)  # vLLM's warm-up: left out
+    launches = [
+        [first, step(10.0, 2.0, 2.0, 1_000, 0), step(30.0, 0.0, 4.0, 5_000, 1)],
+        [first, step(20.0, 1.0, 1.0, 3_000, 1)],
+    ]
+    figures = async_speedup.summary(launches)
+    # 60 s of steps: 24 trajectories, 8 * (2 + 4 + 1) = 56 contexts, 9,000 tokens, 3 s waiting
+    assert figures["steps_timed"] == 3 and figures["step_s"] == 60.0
+    assert figures["trajectories_per_s"] == 0.4 and figures["contexts_per_s"] == round(56 / 60, 3)
+    assert figures["tokens_per_s"] == 150.0
+    assert figures["trainer_idle_share"] == 0.05
+    assert figures["staleness_mean"] == round(2 / 3, 2) and figures["staleness_max"] == 1
+    assert figures["contexts_mean"] == round(56 / 24, 2) and figures["contexts_max"] == 8.0
+    assert figures["evicted_groups"] == 0
