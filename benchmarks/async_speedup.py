@@ -1,10 +1,11 @@
 """Synchronous against asynchronous training on a long-tail workload, side by side in one run (issue #45).
 
 The composed password task (`memagent_examples.composed_doors`) with questions of 1, 2, 4 and 8 objectives
-mixed, and an agent warm-started by `benchmarks/papers_claim.py`, which searches once per objective: its
-trajectories run from one context to nine, a long tail within every step. Each mode trains it with verl's
-real trainer (`recipes/cpu/composed_doors.yaml`, 4 questions x 8 trajectories a step) through vLLM-CPU for
-`--steps` steps, one launch after the other, under one hold of `--lock`:
+mixed, and an agent's warm start shipped for `benchmarks/papers_claim.py` (`memagent_examples/composed_starts`),
+which searches once per objective: its trajectories run from one context to nine, a long tail within every
+step. Each mode trains it with verl's real trainer (`recipes/cpu/composed_doors.yaml`, 4 questions x 8
+trajectories a step) through vLLM-CPU for `--steps` steps, one launch after the other, under one hold of
+`--lock`:
 
 - `memagent_sync`: rollout and training take turns on the trainer's rank;
 - `memagent_separate_async`: one trainer rank and one vLLM-CPU replica of its own that generates all the
@@ -21,8 +22,7 @@ last line printed is one JSON object.
 
     python benchmarks/async_speedup.py --work DIR [--agent mem1] [--steps 4] [--lock FILE]
 
-`--work`: a papers_claim.py work folder; its build (tiny model, doors, index, warm starts) is reused, or
-made there first (hours).
+`--work`: where the task and its index are built (a minute; a papers_claim.py work folder's are reused).
 """
 
 from __future__ import annotations
@@ -35,9 +35,10 @@ import tempfile
 import time
 from pathlib import Path
 
-from papers_claim import Sweep  # puts the repository and tests/ on the path, as the benchmarks run
+from papers_claim import Sweep, shipped_seed  # puts the repository and tests/ on the path, as the benchmarks run
 from vllm_cpu import SEPARATE_ASYNC_ONE_REPLICA
 
+from memagent_examples import composed_doors
 from verl_memagent.cpu.topology import Topology, hydra_overrides, standalone_rollout_ranks
 
 #: every objective count of the task: the long tail
@@ -116,7 +117,14 @@ def main(argv: list[str] | None = None) -> int:
     if args.steps < 2:
         parser.error("--steps must be at least 2: the first step is not timed")
     out = args.out or Path(tempfile.mkdtemp(prefix="async_speedup_"))
-    sweep = Sweep(args.work, out / "unused_records.json", lock=args.lock, rl_objectives=RL_OBJECTIVES)
+    sweep = Sweep(
+        args.work,
+        out / "unused_records.json",
+        shipped_seed((args.agent,)),
+        lock=args.lock,
+        rl_objectives=RL_OBJECTIVES,
+        starts=composed_doors.SHIPPED_STARTS,
+    )
     launches: dict[str, list[dict]] = {mode: [] for mode in MODES}
     metrics: dict[str, list[list[dict]]] = {mode: [] for mode in MODES}
     try:
