@@ -6,6 +6,7 @@ trajectories whole, every row's weight version recorded and the staleness bound 
 - `memagent_separate_async`, MemSearcher (multi-context GRPO): one trainer rank and one rollout replica of its
   own (`actor_rollout_ref.hybrid_engine=False`), the weights sent over our gloo checkpoint engine; launched
   with the settings docs/async.md gives and nothing by hand (no Ray resources, no log level).
+- ReAct (one growing context, GRPO) in both modes, as the others.
 
 Both at verl's tightest staleness bound, `trainer.v1.sampler.max_off_policy_threshold=1` (drop): a group may
 be trained only at the step that dispatched it. Each trainer dispatches a warm-up batch beside step 1's;
@@ -37,21 +38,22 @@ pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 THRESHOLD = 1  # verl's max_off_policy_threshold: the number of weight versions a trained group may span
 STEPS, QUESTIONS, ROLLOUTS = 2, 2, 2  # recipes/cpu/smoke.yaml
+# x ppo_mini_batch_size 2 = train_batch_size
+SEPARATE = [*SEPARATE_ASYNC_ONE_REPLICA, "trainer.v1.separate_async.parameter_sync_step=1"]
+#: (trainer mode, agent): the mode's own overrides
 RUNS = {
-    "memagent_colocate_async": ("mem1", []),
-    "memagent_separate_async": (
-        "memsearcher",
-        # x ppo_mini_batch_size 2 = train_batch_size
-        [*SEPARATE_ASYNC_ONE_REPLICA, "trainer.v1.separate_async.parameter_sync_step=1"],
-    ),
+    ("memagent_colocate_async", "mem1"): [],
+    ("memagent_separate_async", "memsearcher"): SEPARATE,
+    ("memagent_colocate_async", "react"): [],
+    ("memagent_separate_async", "react"): SEPARATE,
 }
 
 
-@pytest.fixture(scope="module", params=list(RUNS))
+@pytest.fixture(scope="module", params=list(RUNS), ids="-".join)
 def run(request, tmp_path_factory, recipe_cache) -> dict:
-    mode = request.param
-    agent, overrides = RUNS[mode]
-    work = tmp_path_factory.mktemp(mode)
+    mode, agent = request.param
+    overrides = RUNS[request.param]
+    work = tmp_path_factory.mktemp(f"{mode}_{agent}")
     run_cpu_recipe_through_vllm(
         agent,
         work,
