@@ -6,7 +6,8 @@ trajectories whole, every row's weight version recorded and the staleness bound 
 - `memagent_separate_async`, MemSearcher (multi-context GRPO): one trainer rank and one rollout replica of its
   own (`actor_rollout_ref.hybrid_engine=False`), the weights sent over our gloo checkpoint engine; launched
   with the settings docs/async.md gives and nothing by hand (no Ray resources, no log level).
-- ReAct (one growing context, GRPO) in both modes, as the others.
+- ReAct (one growing context, GRPO) in both modes, and MemSearcher and MEM1 each in the other mode: every
+  agent under both trainers.
 
 Both at verl's tightest staleness bound, `trainer.v1.sampler.max_off_policy_threshold=1` (drop): a group may
 be trained only at the step that dispatched it. Each trainer dispatches a warm-up batch beside step 1's;
@@ -46,6 +47,8 @@ RUNS = {
     ("memagent_separate_async", "memsearcher"): SEPARATE,
     ("memagent_colocate_async", "react"): [],
     ("memagent_separate_async", "react"): SEPARATE,
+    ("memagent_colocate_async", "memsearcher"): [],
+    ("memagent_separate_async", "mem1"): SEPARATE,
 }
 
 
