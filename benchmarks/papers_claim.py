@@ -503,20 +503,15 @@ def main(argv: list[str] | None = None) -> int:
     if not args.report:
         if args.work is None:
             parser.error("--work is required to run the sweep")
-        built = {"--build-seed": args.build_seed, "--copy-steps": args.copy_steps, "--warm-steps": args.warm_steps}
-        if args.start == "shipped" and (given := [name for name, value in built.items() if value is not None]):
-            parser.error(f"{', '.join(given)}: settings of a build; add --start build, or leave them out")
+        built = {"build_seed": args.build_seed, "copy_steps": args.copy_steps, "warm_steps": args.warm_steps}
+        given = {name: value for name, value in built.items() if value is not None}  # the rest: Sweep's defaults
         starts = composed_doors.SHIPPED_STARTS if args.start == "shipped" else None
-        sweep = Sweep(
-            args.work,
-            args.results,
-            shipped_seed(args.agents) if starts else args.build_seed or 0,
-            args.copy_steps or (800, 1500),
-            args.warm_steps or composed_doors.WARM_STEPS,
-            args.lock,
-            rl_objectives=args.rl_objectives,
-            starts=starts,
-        )
+        if starts and given:
+            options = ", ".join("--" + name.replace("_", "-") for name in given)
+            parser.error(f"{options}: settings of a build; add --start build, or leave them out")
+        if starts:
+            given = {"build_seed": shipped_seed(args.agents)}
+        sweep = Sweep(args.work, args.results, lock=args.lock, rl_objectives=args.rl_objectives, starts=starts, **given)
         try:
             sweep.prepare(args.agents)
             sweep.sweep(args.seeds, args.agents)
