@@ -9,7 +9,9 @@ sampling parameters, returned token ids and log-probs.
 
 from __future__ import annotations
 
+import asyncio
 import json
+from pathlib import Path
 from typing import Any
 
 from verl.workers.rollout.replica import TokenOutput
@@ -18,10 +20,14 @@ from verl_memagent.reward.answers import objective_golds
 
 
 class ScriptedPolicy:
-    def __init__(self, tokenizer, texts: list[str], server_fields: dict[str, Any] | None = None):
+    def __init__(
+        self, tokenizer, texts: list[str], server_fields: dict[str, Any] | None = None, hold: Path | None = None
+    ):
         """`server_fields`: the `extra_fields` every output carries, as verl's server adds its weight
-        version (`global_steps`) to each."""
+        version (`global_steps`) to each. `hold`: while this file exists, every call after the first waits,
+        so that a trajectory of several calls stays unfinished as long as a test needs (one of one call ends)."""
         self.tokenizer = tokenizer
+        self.hold = hold
         self.server_fields = dict(server_fields or {})
         self.texts = list(texts)
         self.token_ids = [tokenizer.encode(text, add_special_tokens=False) for text in self.texts]
@@ -33,6 +39,8 @@ class ScriptedPolicy:
         if len(self.calls) >= len(self.texts):
             raise RuntimeError(f"the script has {len(self.texts)} texts but generate() was called once more")
         index = len(self.calls)
+        while index and self.hold is not None and self.hold.exists():
+            await asyncio.sleep(0.2)
         call = {"prompt_ids": list(prompt_ids), "sampling_params": dict(sampling_params)}
         self.calls.append(call)
         max_tokens = sampling_params.get("max_tokens", len(self.texts[index]) + 1)
@@ -122,29 +130,51 @@ class ScriptedAgentLoop:
     Which script a trajectory plays follows from its session (`rollout.n` index) plus its row's dataset
     index: 0 searches twice and answers right, 1 searches once and answers one objective wrong, 2
     answers right without searching; and so on in turn (so with `rollout.n` 1 the rows differ).
+
+    `hold_while` (a path) and `hold_from_step`: in the rows dispatched at step `hold_from_step` or later,
+    every call after a trajectory's first waits while that file exists (`ScriptedPolicy`'s `hold`), so that
+    a test can keep groups in flight, some of their trajectories finished, where it wants them.
     """
 
-    def __init__(self, agent: str, trainer_config, server_manager, tokenizer, hf_model_type=None, **settings):
+    def __init__(
+        self,
+        agent: str,
+        trainer_config,
+        server_manager,
+        tokenizer,
+        hf_model_type=None,
+        hold_while: str | None = None,
+        hold_from_step: int = 1,
+        **settings,
+    ):
         for verl_argument in ("name", "processor", "dataset_cls", "data_config", "tools"):  # the factory's own
             settings.pop(verl_argument, None)
         self.agent, self.trainer_config, self.tokenizer = agent, trainer_config.config, tokenizer
         self.hf_model_type, self.settings = hf_model_type, settings
+        self.hold_while, self.hold_from_step = (Path(hold_while) if hold_while else None), hold_from_step
 
     async def run(self, sampling_params: dict[str, Any], **row):
         from verl_memagent.agent import instantiate_agent_loop
 
         texts = self.texts(int(row["session_id"]), row)
-        policy = ScriptedPolicy(self.tokenizer, texts, server_fields=server_weight_versions(row))
+        held = int(row.get("global_steps", 0)) >= self.hold_from_step
+        hold = self.hold_while if held else None
+        policy = ScriptedPolicy(self.tokenizer, texts, server_fields=server_weight_versions(row), hold=hold)
         loop = instantiate_agent_loop(
             self.agent, self.trainer_config, policy, self.tokenizer, self.hf_model_type, **self.settings
         )
         return await loop.run(sampling_params, **row)
 
+    @staticmethod
+    def searches(session: int, row: dict[str, Any]) -> int:
+        """How many searches the trajectory of `session` on `row` makes: 2, 1 or 0 in turn."""
+        return 2 - (session + int(row["extra_info"].get("index", 0))) % 3
+
     def texts(self, session: int, row: dict[str, Any]) -> list[str]:
         golds = [answers[0] for answers in objective_golds(row["reward_model"]["ground_truth"])]
         question = str(row["extra_info"]["question"])
-        index = int(row["extra_info"].get("index", 0))
-        searches, right = [(2, len(golds)), (1, len(golds) - 1), (0, len(golds))][(session + index) % 3]
+        searches = self.searches(session, row)
+        right = len(golds) - 1 if searches == 1 else len(golds)
         answer = "; ".join([golds[i] if i < right else "nothing" for i in range(len(golds))])
         words = question.split()
         queries = [" ".join(words[:6]), " ".join(words[-6:])][:searches]

@@ -43,3 +43,19 @@ def test_stops_at_the_first_point_a_server_would(tokenizer, pieces, stops, max_t
 def test_script_exhausted_is_an_error(tokenizer):
     with pytest.raises(RuntimeError, match="the script has 0 texts"):
         asyncio.run(ScriptedPolicy(tokenizer, []).generate("r", prompt_ids=[1], sampling_params={}))
+
+
+def test_a_hold_keeps_every_call_after_the_first_waiting_while_its_file_exists(tokenizer, tmp_path):
+    hold = tmp_path / "hold"
+    hold.touch()
+    policy = ScriptedPolicy(tokenizer, ["first", "second"], hold=hold)
+
+    async def play() -> None:
+        await policy.generate("r", prompt_ids=[1], sampling_params={})  # the first call is never held
+        second = asyncio.ensure_future(policy.generate("r", prompt_ids=[1], sampling_params={}))
+        await asyncio.sleep(1.0)
+        assert not second.done() and len(policy.calls) == 1
+        hold.unlink()
+        assert (await second).token_ids == tokenizer.encode("second", add_special_tokens=False)
+
+    asyncio.run(play())

@@ -1,5 +1,5 @@
 """A resumed run's files follow its checkpoint: metrics kept and appended, later records removed, and a
-checkpoint saved only after its step is logged."""
+checkpoint saved only after its step is logged, and what an async run had in flight counted."""
 
 from __future__ import annotations
 
@@ -11,6 +11,7 @@ from verl.utils.tracking import Tracking
 from verl_memagent.algo.resume import (
     ResumeMixin,
     appending_file_logger,
+    in_flight_at_checkpoint,
     keep_metrics_until,
     metrics_file,
     remove_records_after,
@@ -90,17 +91,33 @@ class _ResumingAsync(ResumeMixin, _Trainer):
 
 
 def test_a_checkpoint_is_saved_after_its_step_is_logged():
-    trainer = _Resuming()
-    trainer.on_train_begin()
-    # verl's step: the save it asks for comes before validation and the log
-    trainer._save_checkpoint()
-    trainer.logger.log(data={}, step=1)
-    trainer.global_steps = 2
-    trainer.logger.log(data={}, step=2)  # a step without a checkpoint saves nothing
-    assert trainer.events == ["log 1", "save 1", "log 2"]
+    for trainer in (_Resuming(), _ResumingAsync()):
+        trainer.on_train_begin()
+        # verl's step: the save it asks for comes before validation and the log
+        trainer._save_checkpoint()
+        trainer.logger.log(data={}, step=1)
+        trainer.global_steps = 2
+        trainer.logger.log(data={}, step=2)  # a step without a checkpoint saves nothing
+        assert trainer.events == ["log 1", "save 1", "log 2"], trainer.base_mode
 
-    asynchronous = _ResumingAsync()
-    asynchronous.on_train_begin()
-    asynchronous._save_checkpoint()  # in-flight prompts are saved with it: verl's order is kept
-    asynchronous.logger.log(data={}, step=1)
-    assert asynchronous.events == ["save 1", "log 1"]
+
+def test_what_was_in_flight_at_the_checkpoint_is_counted():
+    """A TransferQueue listing as `tq.kv_list` gives it: group a finished, b running with two of its trajectories
+    done (one of them two rows), c pending with none, d failed."""
+    listing = {
+        "a": {"is_prompt": True, "status": "finished", "global_steps": 1},
+        "a_0_0": {"status": "success"},
+        "a_1_0": {"status": "success"},
+        "b": {"is_prompt": True, "status": "running", "global_steps": 2},
+        "b_0_0": {"status": "success"},
+        "b_0_1": {"status": "success"},
+        "b_3_0": {"status": "success"},
+        "c": {"is_prompt": True, "status": "pending", "global_steps": 2},
+        "d": {"is_prompt": True, "status": "failure", "global_steps": 1},
+    }
+    assert in_flight_at_checkpoint(listing) == {
+        "training/resume/restored_groups": 2,
+        "training/resume/reissued_groups": 2,
+        "training/resume/discarded_trajectories": 2,
+    }
+    assert in_flight_at_checkpoint({}) == dict.fromkeys(in_flight_at_checkpoint(listing), 0)

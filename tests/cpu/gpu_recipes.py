@@ -8,8 +8,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
@@ -21,6 +23,14 @@ SCRIPTS = {
 #: what a GPU recipe needs on CPU besides the CPU switch: the hf rollout is one process per replica
 #: (the 7B recipes set tensor parallel 2), and no wandb
 ON_CPU = ["actor_rollout_ref.rollout.tensor_model_parallel_size=1", "trainer.logger=['console','file']"]
+#: short instructions in place of the released ones (MemSearcher's system prompt, MEM1's user turn: up to
+#: 1,000 of the tiny tokenizer's tokens, most of each context) for the scripted rollouts, where the trainer's
+#: arithmetic is what is tested; measured, a MemSearcher step after the first went from 23-25 s to 6-8 s,
+#: a MEM1 one from 8-12 s to 5-7 s
+SHORT_PROMPTS = {
+    "memsearcher": {"system": "Answer the question. Search with the tool first."},
+    "mem1": {"user": "Answer the questions. Search first, one query at a time: {{ question }}\n"},
+}
 
 
 def prepare_data(agent: str, data_dir: Path, out: Path, rows: int = 4) -> Path:
@@ -68,3 +78,46 @@ def finish(process: subprocess.Popen, work: Path, timeout: float = 900) -> None:
 
 def metrics(work: Path) -> list[dict]:
     return [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
+
+
+def scripted_loops(path: Path, agents=("memsearcher", "mem1"), **settings) -> Path:
+    """An agent-loop YAML registering `memagent_examples.scripted.ScriptedAgentLoop` under each agent's name,
+    with the short prompts and `settings`."""
+    entries = [
+        {
+            "name": agent,
+            "_target_": "memagent_examples.scripted.ScriptedAgentLoop",
+            "agent": agent,
+            "retriever_urls": "${oc.env:MEMAGENT_RETRIEVER_URL}",
+            "topk": 1,
+            "max_turns": 3,
+            "prompts": SHORT_PROMPTS[agent],
+            **settings,
+        }
+        for agent in agents
+    ]
+    path.write_text(json.dumps(entries))  # JSON is YAML
+    return path
+
+
+def session_processes(session: int) -> list[int]:
+    listing = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout.split()
+    return [int(pid) for pid, sid in zip(listing[::2], listing[1::2], strict=True) if int(sid) == session]
+
+
+def kill_run(process: subprocess.Popen) -> None:
+    """SIGKILL the whole run (its session: the script, verl's driver, Ray and its workers), and wait until
+    none of its processes is left."""
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    deadline = time.time() + 30
+    while session_processes(process.pid) and time.time() < deadline:
+        time.sleep(0.5)
+    assert session_processes(process.pid) == [], "processes of the killed run are left"
+
+
+def trained_rows(work: Path, step: int) -> set[str]:
+    """The sample keys of the rows the step's update trained: verl's dump (`trainer.rollout_data_dir` set to
+    `work/rollouts`), less its padding rows."""
+    rows = map(json.loads, (work / "rollouts" / f"{step}.jsonl").read_text().splitlines())
+    return {row["uid"] for row in rows if row["input"]}

@@ -24,12 +24,10 @@ contexts and versions within one trajectory are tests/algo/test_async_trajectori
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
-from pathlib import Path
 
 import pytest
-from gpu_recipes import metrics
+from gpu_recipes import metrics, trained_rows
 from vllm_cpu import SEPARATE_ASYNC_ONE_REPLICA, run_cpu_recipe_through_vllm
 
 from verl_memagent.trajectories.files import read_records
@@ -71,12 +69,6 @@ def run(request, tmp_path_factory, recipe_cache) -> dict:
     steps = {line["step"]: line["data"] for line in metrics(work)}
     records = {step: read_records(work / "checkpoints" / "trajectories" / f"step_{step}.jsonl") for step in steps}
     return {"agent": agent, "work": work, "metrics": steps, "records": records}
-
-
-def trained_rows(work: Path, step: int) -> set[str]:
-    """The sample keys of the rows the step's update trained: verl's dump, less its padding rows."""
-    rows = map(json.loads, (work / "rollouts" / f"{step}.jsonl").read_text().splitlines())
-    return {row["uid"] for row in rows if row["input"]}
 
 
 def test_the_mode_trains_its_steps(run):

@@ -37,10 +37,8 @@ launch with a vLLM-CPU engine (84 s on the shared machine; the memsearcher half,
 
 from __future__ import annotations
 
-import json
 import math
 import os
-import signal
 import subprocess
 import time
 from collections.abc import Sequence
@@ -48,7 +46,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_recipes import finish, launch, metrics, prepare_data, recipe_env
+from gpu_recipes import finish, kill_run, launch, metrics, prepare_data, recipe_env, scripted_loops, session_processes
 from safetensors.torch import load_file
 from vllm_cpu import require_vllm_cpu
 
@@ -92,13 +90,6 @@ SIZES = {
 }
 #: one epoch of 3 steps
 ROWS = {"memsearcher": 6, "mem1": 12}
-#: short instructions in place of the released ones (MemSearcher's system prompt, MEM1's user turn: up to
-#: 1,000 of the tiny tokenizer's tokens, most of each context): the trainer's arithmetic is what is compared;
-#: measured, a MemSearcher step after the first went from 23-25 s to 6-8 s, a MEM1 one from 8-12 s to 5-7 s
-SHORT_PROMPTS = {
-    "memsearcher": {"system": "Answer the question. Search with the tool first."},
-    "mem1": {"user": "Answer the questions. Search first, one query at a time: {{ question }}\n"},
-}
 #: micro-batches of 2-3 rows at these lengths, so that dynamic batch size still splits every mini-batch
 MICRO_BATCH_TOKENS = ["actor_rollout_ref.actor.ppo_max_token_len_per_gpu=1536"]
 OPTIMIZER = {
@@ -148,23 +139,6 @@ def recipe_overrides(agent: str) -> list[str]:
     return [*COMMON, *OPTIMIZER[agent], *SIZES[agent]]
 
 
-def scripted_loops(path: Path) -> Path:
-    entries = [
-        {
-            "name": agent,
-            "_target_": "memagent_examples.scripted.ScriptedAgentLoop",
-            "agent": agent,
-            "retriever_urls": "${oc.env:MEMAGENT_RETRIEVER_URL}",
-            "topk": 1,
-            "max_turns": 3,
-            "prompts": SHORT_PROMPTS[agent],
-        }
-        for agent in ("memsearcher", "mem1")
-    ]
-    path.write_text(json.dumps(entries))  # JSON is YAML
-    return path
-
-
 def critic_start(model_dir: Path, out: Path) -> Path:
     """The tiny model with a value head saved: verl initialises a missing head at random in each rank's
     process (transformers' init of `score`), so one rank and two would start from different critics."""
@@ -174,11 +148,6 @@ def critic_start(model_dir: Path, out: Path) -> Path:
     AutoModelForTokenClassification.from_pretrained(model_dir, num_labels=1).save_pretrained(out)
     AutoTokenizer.from_pretrained(model_dir).save_pretrained(out)
     return out
-
-
-def session_processes(session: int) -> list[int]:
-    listing = subprocess.run(["ps", "-eo", "pid=,sid="], capture_output=True, text=True).stdout.split()
-    return [int(pid) for pid, sid in zip(listing[::2], listing[1::2], strict=True) if int(sid) == session]
 
 
 def waiting_on_a_pipe(session: int) -> bool:
@@ -204,13 +173,8 @@ def kill_while_checkpointing(process: subprocess.Popen, checkpoints: Path, step:
     while not waiting_on_a_pipe(process.pid):
         assert process.poll() is None, "the run ended before the checkpoint it was to be killed in"
         time.sleep(0.2)
-    os.killpg(process.pid, signal.SIGKILL)
-    process.wait()
+    kill_run(process)
     (folder / "data.pt").unlink()
-    deadline = time.time() + 30
-    while session_processes(process.pid) and time.time() < deadline:
-        time.sleep(0.5)
-    assert session_processes(process.pid) == [], "processes of the killed run are left"
 
 
 @pytest.fixture(scope="module", params=["memsearcher", "mem1"])

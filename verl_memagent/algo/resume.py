@@ -9,10 +9,15 @@ step. The run's own files are left to chance, and this mixin makes them follow t
   file keeps the lines of the checkpointed steps (later ones belonged to steps that run again) and
   the run appends to it.
 - *Trajectory records* of steps after the checkpoint are removed, for the same reason.
-- *A checkpoint follows its step's metrics* (sync trainer): verl saves a step's checkpoint before it
-  validates and logs the step, so a run killed in between resumed after a step whose metrics line
-  and records were never written. The save verl asks for is made right after the step is logged.
-  (The async trainers save in-flight prompts with the checkpoint, so their order is left as verl's.)
+- *A checkpoint follows its step's metrics*: verl saves a step's checkpoint before it validates and
+  logs the step, so a run killed in between resumed after a step whose metrics line and records were
+  never written. The save verl asks for is made right after the step is logged. For the async trainers
+  this also means their TransferQueue snapshot (the prompt groups in flight) no longer holds the rows
+  the step trained: verl clears them just before the log, and a snapshot taken earlier restored them
+  into the queue of the resumed run, where nothing would ever sample or clear them.
+- *In-flight groups, counted* (async trainers): verl restores the groups whose rollouts had ended and
+  re-issues the pending and running ones from their prompts, discarding the trajectories those had
+  finished; the first step after a resume logs how many (`training/resume/...`, `in_flight_at_checkpoint`).
 """
 
 from __future__ import annotations
@@ -23,9 +28,13 @@ import os
 from collections.abc import Iterator
 from pathlib import Path
 
+import transfer_queue as tq
 from verl.utils import tracking
 
 from verl_memagent.trajectories.files import step_of_record_file
+
+#: the replay buffer's statuses of a prompt group whose rollouts have not all ended
+IN_FLIGHT = ("pending", "running")
 
 
 def metrics_file(config) -> Path | None:
@@ -61,6 +70,22 @@ def remove_records_after(directory: Path, step: int) -> list[Path]:
     for path in removed:
         path.unlink()
     return removed
+
+
+def in_flight_at_checkpoint(listing: dict[str, dict]) -> dict[str, int]:
+    """What an async run's checkpoint held in flight, from its restored TransferQueue partition (`listing`:
+    each key's tag, as `tq.kv_list` gives them). A prompt group is the key `{uid}` (tag `is_prompt`), its
+    trajectories' rows `{uid}_{session}_{turn}`: groups whose rollouts had all ended are restored as they were
+    and trained as before the kill; pending or running ones are re-issued whole from their prompts, the
+    trajectories they had already finished discarded (verl's `_reissue_inflight_prompts`)."""
+    prompts = {key: tag for key, tag in listing.items() if tag.get("is_prompt", False)}
+    in_flight = {key for key, tag in prompts.items() if tag.get("status") in IN_FLIGHT}
+    finished = {key.rsplit("_", 1)[0] for key in listing.keys() - prompts.keys() if key.split("_", 1)[0] in in_flight}
+    return {
+        "training/resume/restored_groups": len(prompts) - len(in_flight),
+        "training/resume/reissued_groups": len(in_flight),
+        "training/resume/discarded_trajectories": len(finished),
+    }
 
 
 class _AppendingFileLogger(tracking.FileLogger):
@@ -103,11 +128,13 @@ class ResumeMixin:
     """Put in front of one of verl's V1 trainers (with `TrajectoryRecordsMixin`)."""
 
     base_mode: str
-    _checkpoint_deferred = False
     _checkpoint_due = False
+    _resumed_from = 0
+    _resume_metrics: dict[str, int] = {}
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
+        self._resumed_from = self.global_steps
         path = metrics_file(self.config)
         if path is not None:
             keep_metrics_until(path, self.global_steps)  # a fresh run (step 0) starts an empty file, as verl's
@@ -119,19 +146,28 @@ class ResumeMixin:
         with appending_file_logger():
             return super().fit(agent_loop_manager)
 
+    def _reissue_inflight_prompts(self, partition_id: str = "train") -> int:
+        """verl's re-issue of the groups in flight at the checkpoint, counted first (async trainers, resumed)."""
+        if self.base_mode != "sync" and self._resumed_from:
+            listing = (tq.kv_list(partition_id) or {}).get(partition_id, {})
+            in_flight = in_flight_at_checkpoint(listing)
+            self._resume_metrics = {"training/resume/from_step": self._resumed_from, **in_flight}
+        return super()._reissue_inflight_prompts(partition_id)
+
+    def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
+        """verl's metrics of the step; the first after an async resume also says what was in flight."""
+        super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
+        metrics.update(self._resume_metrics)
+        self._resume_metrics = {}
+
     def on_train_begin(self):
-        """verl's start of training; the sync trainer then saves a checkpoint only after the step's metrics
-        are logged (`_LogThenCheckpoint`)."""
+        """verl's start of training; the trainer then saves a checkpoint only after the step's metrics are
+        logged (`_LogThenCheckpoint`)."""
         super().on_train_begin()
-        if self.base_mode == "sync":
-            self.logger = _LogThenCheckpoint(self.logger, self)
-            self._checkpoint_deferred = True
+        self.logger = _LogThenCheckpoint(self.logger, self)
 
     def _save_checkpoint(self):
-        if self._checkpoint_deferred:
-            self._checkpoint_due = True
-        else:
-            super()._save_checkpoint()
+        self._checkpoint_due = True
 
     def _save_deferred_checkpoint(self):
         if self._checkpoint_due:
