@@ -92,6 +92,9 @@ class _ResumingAsync(ResumeMixin, _Trainer):
 
 def test_a_checkpoint_is_saved_after_its_step_is_logged():
     for trainer in (_Resuming(), _ResumingAsync()):
+        trainer._save_checkpoint()  # before training begins no log follows: saved at once
+        assert trainer.events == ["save 1"]
+        trainer.events.clear()
         trainer.on_train_begin()
         # verl's step: the save it asks for comes before validation and the log
         trainer._save_checkpoint()

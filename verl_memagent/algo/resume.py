@@ -128,6 +128,7 @@ class ResumeMixin:
     """Put in front of one of verl's V1 trainers (with `TrajectoryRecordsMixin`)."""
 
     base_mode: str
+    _checkpoint_deferred = False
     _checkpoint_due = False
     _resumed_from = 0
     _resume_metrics: dict[str, int] = {}
@@ -165,9 +166,13 @@ class ResumeMixin:
         logged (`_LogThenCheckpoint`)."""
         super().on_train_begin()
         self.logger = _LogThenCheckpoint(self.logger, self)
+        self._checkpoint_deferred = True
 
     def _save_checkpoint(self):
-        self._checkpoint_due = True
+        if self._checkpoint_deferred:
+            self._checkpoint_due = True
+        else:  # no log to follow yet
+            super()._save_checkpoint()
 
     def _save_deferred_checkpoint(self):
         if self._checkpoint_due:
