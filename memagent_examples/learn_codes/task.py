@@ -236,8 +236,9 @@ def build_key(inputs: dict, files: list[Path]) -> str:
     package = Path(verl_memagent.__file__).parent
     sources = [package / "agent", package / "search", package / "tiny_model.py"]
     sources += [Path(retriever_server.__file__).parent, Path(memagent_examples.__file__).parent]
-    code = [p for root in sources for p in ([root] if root.is_file() else root.rglob("*")) if p.suffix in CODE]
-    code = sorted(p for p in code if not any((folder / RECORD).is_file() for folder in p.parents))
+    files_under = [p for root in sources for p in ([root] if root.is_file() else root.rglob("*"))]
+    starts = {p.parent for p in files_under if p.name == RECORD}
+    code = sorted(p for p in files_under if p.suffix in CODE and not starts & set(p.parents))
     digest = hashlib.sha256(json.dumps({**inputs, **{lib: version(lib) for lib in LIBRARIES}}).encode())
     for path in [*code, *files]:
         digest.update(f"{path.name}\0".encode())

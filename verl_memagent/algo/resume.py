@@ -130,12 +130,10 @@ class ResumeMixin:
     base_mode: str
     _checkpoint_deferred = False
     _checkpoint_due = False
-    _resumed_from = 0
     _resume_metrics: dict[str, int] = {}
 
     def _load_checkpoint(self):
         super()._load_checkpoint()
-        self._resumed_from = self.global_steps
         path = metrics_file(self.config)
         if path is not None:
             keep_metrics_until(path, self.global_steps)  # a fresh run (step 0) starts an empty file, as verl's
@@ -148,11 +146,12 @@ class ResumeMixin:
             return super().fit(agent_loop_manager)
 
     def _reissue_inflight_prompts(self, partition_id: str = "train") -> int:
-        """verl's re-issue of the groups in flight at the checkpoint, counted first (async trainers, resumed)."""
-        if self.base_mode != "sync" and self._resumed_from:
+        """verl's re-issue of the groups in flight at the checkpoint, counted first (async trainers, resumed).
+        verl calls it as training begins, the step already moved past the checkpoint's (0 on a fresh run)."""
+        checkpoint_step = self.global_steps - 1
+        if self.base_mode != "sync" and checkpoint_step:
             listing = (tq.kv_list(partition_id) or {}).get(partition_id, {})
-            in_flight = in_flight_at_checkpoint(listing)
-            self._resume_metrics = {"training/resume/from_step": self._resumed_from, **in_flight}
+            self._resume_metrics = {"training/resume/from_step": checkpoint_step, **in_flight_at_checkpoint(listing)}
         return super()._reissue_inflight_prompts(partition_id)
 
     def _compute_metrics(self, batch, metrics, timing_raw, global_steps, epoch):
