@@ -290,6 +290,7 @@ class HFGenerator:
                     position_ids=position_ids,
                     past_key_values=past,
                     use_cache=True,
+                    logits_to_keep=1,  # the prompt's other positions predict nothing to sample
                 )
                 past = out.past_key_values
                 tokens, log_probs = sampler.sample(out.logits[:, -1, :].float(), seen, self._sampling_generator)

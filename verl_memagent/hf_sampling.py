@@ -24,6 +24,7 @@ class BatchSampler:
         self.top_k = torch.tensor([r.top_k if r.top_k > 0 else -1 for r in batch], device=device)
         self.top_p = torch.tensor([r.top_p for r in batch], device=device)[:, None]
         self.penalty = [r.repetition_penalty for r in batch]
+        self.truncates = bool((self.top_k > 0).any() or (self.top_p < 1).any())
 
     def sample(
         self, logits: torch.Tensor, seen: list[torch.Tensor], default_generator: torch.Generator
@@ -37,7 +38,9 @@ class BatchSampler:
         greedy_logp = torch.log_softmax(logits, dim=-1)
         greedy_tokens = logits.argmax(dim=-1)
 
-        processed = self._top_k_top_p(logits / self.temperature)
+        processed = logits / self.temperature
+        if self.truncates:  # sorting the vocabulary is most of a step's sampling: skipped when nothing is cut
+            processed = self._top_k_top_p(processed)
         logp = torch.log_softmax(processed, dim=-1)
         probs = logp.exp()
         sampled = torch.empty_like(greedy_tokens)

@@ -128,7 +128,7 @@ def test_cpu_platform_and_patches_make_verls_own_calls_work():
     assert result["device"] == "cpu" and result["device_id"] == "cpu"
     assert result["rng_restored"] and result["memory"]
     assert result["backend"] == "cpu:gloo"
-    assert result["fsdp2"] == "FSDPEngineWithLMHead"
+    assert result["fsdp2"] == "CPUEngineWithLMHead"  # verl's, with the head at response positions only
     assert "No engine registered for device='cpu'" in result["fsdp1"]  # FSDP1 stays refused, clearly
     assert result["pinned"] is False
 

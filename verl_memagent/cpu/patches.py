@@ -56,11 +56,12 @@ def _fsdp2_engines_on_cpu(transformer_impl: ModuleType) -> None:
     # The FSDP engines are registered for devices cuda and npu only. FSDP2 (fully_shard) runs on CPU
     # with gloo; FSDP1's wrapper (transformer_impl.py:441-444) failed on CPU in the probe of issue 3,
     # so only `strategy=fsdp2` is registered for "cpu" and `strategy=fsdp` fails with verl's own error.
+    # The policy's engine is verl's with the head restricted to response positions (cpu/engine.py).
     from verl.workers.engine.base import EngineRegistry
 
-    EngineRegistry.register(model_type="language_model", backend="fsdp2", device="cpu")(
-        transformer_impl.FSDPEngineWithLMHead
-    )
+    from verl_memagent.cpu.engine import CPUEngineWithLMHead
+
+    EngineRegistry.register(model_type="language_model", backend="fsdp2", device="cpu")(CPUEngineWithLMHead)
     EngineRegistry.register(model_type="value_model", backend="fsdp2", device="cpu")(
         transformer_impl.FSDPEngineWithValueHead
     )

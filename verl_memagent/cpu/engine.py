@@ -1,0 +1,94 @@
+"""The FSDP2 engine verl's trainer runs on CPU: the model's head and log-probabilities at response positions only.
+
+Without remove-padding (the CPU path: it needs flash-attention's varlen kernels) verl's engine
+(`FSDPEngineWithLMHead.prepare_model_outputs`, workers/engine/fsdp/transformer_impl.py) projects every
+position of every row onto the vocabulary, takes the entropy at every position, and the
+log-probabilities one position at a time (`logprobs_from_logits_v2` loops over positions to bound GPU
+memory: a Python call and an autograd node per token). Only the response's positions are ever read
+(`no_padding_2_padding`, workers/utils/padding.py). Here the head runs from the first position any row's
+response needs (the model's `logits_to_keep`), and the log-probabilities and entropies of the response
+positions are taken in one call each, with verl's formulas. Every other position holds 0, which
+nothing reads. On the main job's rows (prompts of 300-450 tokens, responses of 20-200) this is most of
+the head's work and all of the per-token loop (benchmarks/rl_step.py).
+
+Cases this does not cover (remove-padding, fused kernels, distillation, the sum of squared
+probabilities) go to verl's own code unchanged.
+"""
+
+from __future__ import annotations
+
+import torch
+from verl.utils import tensordict_utils as tu
+from verl.utils import torch_functional as verl_F
+from verl.utils.dataset.dataset_utils import DatasetPadMode
+from verl.workers.engine.fsdp import transformer_impl
+
+#: micro-batch flags under which verl's own output path runs (this module does not implement them)
+_VERL_ONLY_FLAGS = ("use_fused_kernels", "calculate_sum_pi_squared", "distillation_use_topk", "distillation_only")
+
+
+def _handled(micro_batch) -> bool:
+    """Whether this engine's response-only path applies to `micro_batch` (else verl's runs)."""
+    if tu.get_non_tensor_data(data=micro_batch, key="use_remove_padding", default=True):
+        return False
+    if tu.get_non_tensor_data(data=micro_batch, key="pad_mode", default=DatasetPadMode.NO_PADDING) != (
+        DatasetPadMode.NO_PADDING
+    ):
+        return False
+    if any(tu.get_non_tensor_data(data=micro_batch, key=flag, default=False) for flag in _VERL_ONLY_FLAGS):
+        return False
+    return micro_batch["prompts"].is_nested and micro_batch["responses"].is_nested
+
+
+def response_positions(prompt_lens: torch.Tensor, response_lens: torch.Tensor, first: int):
+    """Index tensors of every response token's predicting position, all rows in order.
+
+    Returns `(rows, columns, flat)`: the row and the column within the kept logits (which start at
+    position `first`) of the position that predicts each response token, and that position's index in
+    the row-major concatenation of the rows' real tokens (verl's nested layout).
+    """
+    rows = torch.repeat_interleave(torch.arange(len(prompt_lens)), response_lens)
+    row_starts = torch.cumsum(response_lens, 0) - response_lens
+    within = torch.arange(int(response_lens.sum())) - torch.repeat_interleave(row_starts, response_lens)
+    positions = torch.repeat_interleave(prompt_lens - 1, response_lens) + within
+    sequence_starts = torch.cumsum(prompt_lens + response_lens, 0) - (prompt_lens + response_lens)
+    return rows, positions - first, torch.repeat_interleave(sequence_starts, response_lens) + positions
+
+
+class CPUEngineWithLMHead(transformer_impl.FSDPEngineWithLMHead):
+    """verl's FSDP engine with the head and the log-probabilities restricted to response positions."""
+
+    def prepare_model_inputs(self, micro_batch):
+        model_inputs, output_args = super().prepare_model_inputs(micro_batch)
+        if _handled(micro_batch):
+            width = model_inputs["input_ids"].shape[-1]
+            first = int(micro_batch["prompts"].offsets().diff().min()) - 1
+            model_inputs["logits_to_keep"] = width - first
+            output_args["logits_from"] = first
+        return model_inputs, output_args
+
+    def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
+        if "logits_from" not in output_args:
+            return super().prepare_model_outputs(output, output_args, micro_batch, logits_processor_func)
+        prompt_lens = micro_batch["prompts"].offsets().diff().cpu()
+        response_lens = micro_batch["responses"].offsets().diff().cpu()
+        rows, columns, flat = response_positions(prompt_lens, response_lens, output_args["logits_from"])
+        temperature = output_args["temperature"].unsqueeze(-1).unsqueeze(-1)
+        logits = transformer_impl._scale_logits_by_temperature(
+            output.logits, temperature, is_unit_temperature=output_args.get("temperature_is_one", False)
+        )
+        logits = logits[rows, columns]  # (response tokens, vocabulary)
+        labels = micro_batch["responses"].values()
+        # verl's formula (logprobs_from_logits_v2 in float32): the label's logit minus the row's logsumexp
+        log_probs = logits.gather(-1, labels.unsqueeze(-1)).squeeze(-1) - torch.logsumexp(logits, dim=-1)
+        cu_seqlens = micro_batch["input_ids"].offsets()
+        total = int(cu_seqlens[-1])
+
+        def nested(values: torch.Tensor) -> torch.Tensor:
+            full = values.new_zeros(total).index_copy(0, flat.to(values.device), values)
+            return torch.nested.nested_tensor_from_jagged(full, cu_seqlens)
+
+        model_output = {"log_probs": nested(log_probs)}
+        if tu.get_non_tensor_data(data=micro_batch, key="calculate_entropy", default=False):
+            model_output["entropy"] = nested(verl_F.entropy_from_logits(logits))
+        return model_output
