@@ -100,8 +100,10 @@ def test_same_numbers_as_verl(model, rows, temperature):
     torch.testing.assert_close(ours_ent[mask], verl_ent[mask], rtol=0, atol=4 * torch.finfo(torch.float32).eps * 10)
     for name, grad in verl_grads.items():  # sums of the same terms in another order: relative 1e-5 of the norm
         assert (ours_grads[name] - grad).norm() <= 1e-5 * grad.norm(), name
-    # the head ran from the shortest prompt's last position on, not over every position
+    # the head ran from the shortest prompt's last position on, not over every position, and the
+    # right-padded rows went through causal attention with no mask
     assert inputs["logits_to_keep"] == max(p + r for p, r in rows) - min(p for p, _ in rows) + 1
+    assert inputs["attention_mask"] is None
 
 
 def test_verl_flags_fall_back_to_verl(model):

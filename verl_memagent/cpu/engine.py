@@ -13,9 +13,16 @@ the head's work and all of the per-token loop (benchmarks/rl_step.py).
 
 Cases this does not cover (remove-padding, fused kernels, distillation, the sum of squared
 probabilities) go to verl's own code unchanged.
+
+With `MEMAGENT_CPU_ENGINE_SHAPES=FILE` in the environment, every micro-batch's forward appends its
+padded shape to FILE (a JSON line: rows, padded width, head width, real and response tokens, whether it
+trains): what `benchmarks/rl_step.py` reports as the padded tokens a step computes.
 """
 
 from __future__ import annotations
+
+import json
+import os
 
 import torch
 from verl.utils import tensordict_utils as tu
@@ -40,6 +47,16 @@ def _handled(micro_batch) -> bool:
     return micro_batch["prompts"].is_nested and micro_batch["responses"].is_nested
 
 
+def counts_from_zero(position_ids: torch.Tensor) -> bool:
+    """Whether every row's positions are 0, 1, 2, ... (a text model's; not multimodal rotary positions)."""
+    if position_ids.dim() != 2:
+        return False
+    lengths = position_ids.offsets().diff()
+    starts = torch.repeat_interleave(position_ids.offsets()[:-1], lengths)
+    expected = torch.arange(int(lengths.sum()), device=starts.device) - starts
+    return torch.equal(position_ids.values(), expected)
+
+
 def response_positions(prompt_lens: torch.Tensor, response_lens: torch.Tensor, first: int):
     """Index tensors of every response token's predicting position, all rows in order.
 
@@ -55,16 +72,40 @@ def response_positions(prompt_lens: torch.Tensor, response_lens: torch.Tensor, f
     return rows, positions - first, torch.repeat_interleave(sequence_starts, response_lens) + positions
 
 
+def log_shape(path: str, micro_batch, width: int, head_width: int) -> None:
+    """Append one micro-batch's padded shape to `path` (see the module's docstring)."""
+    shape = {
+        "rows": len(micro_batch["prompts"].offsets()) - 1,
+        "width": width,
+        "head_width": head_width,
+        "tokens": int(micro_batch["input_ids"].offsets()[-1]),
+        "response_tokens": int(micro_batch["responses"].offsets()[-1]),
+        "trains": torch.is_grad_enabled(),
+    }
+    with open(path, "a") as log:
+        log.write(json.dumps(shape) + "\n")
+
+
 class CPUEngineWithLMHead(transformer_impl.FSDPEngineWithLMHead):
     """verl's FSDP engine with the head and the log-probabilities restricted to response positions."""
 
     def prepare_model_inputs(self, micro_batch):
         model_inputs, output_args = super().prepare_model_inputs(micro_batch)
         if _handled(micro_batch):
-            width = model_inputs["input_ids"].shape[-1]
+            rows, width = model_inputs["input_ids"].shape
             first = int(micro_batch["prompts"].offsets().diff().min()) - 1
             model_inputs["logits_to_keep"] = width - first
             output_args["logits_from"] = first
+            if counts_from_zero(micro_batch["position_ids"]):
+                # Rows are right-padded: causal attention alone keeps every real token from the padding
+                # after it, so no mask is built and attention skips the blocks above the diagonal.
+                # Positions counting on through the padding tell transformers the rows are not packed.
+                model_inputs["attention_mask"] = None
+                model_inputs["position_ids"] = torch.arange(width, device=model_inputs["input_ids"].device).expand(
+                    rows, width
+                )
+            if shapes := os.environ.get("MEMAGENT_CPU_ENGINE_SHAPES"):
+                log_shape(shapes, micro_batch, width, width - first)
         return model_inputs, output_args
 
     def prepare_model_outputs(self, output, output_args, micro_batch, logits_processor_func):
