@@ -15,9 +15,9 @@ verl's agent loops talk to an inference server through one call,
 - returned token ids end with the token that stopped generation (EOS, a stop token, or the token that
   completed a stop string), as vLLM's `token_ids` do: the agent loop trains on exactly these ids.
 
-Concurrent `generate` calls are queued and decoded together as one left-padded batch with a KV cache
-(static batching: a batch runs until its last row stops, requests arriving meanwhile form the next).
-Decoding runs in a worker thread so the event loop keeps serving.
+Concurrent `generate` calls decode together with continuous batching (`hf_decoding.RunningBatch`): a
+request arriving while others decode is prefilled and joins them at the next step, a row that stops
+leaves at once. Each step runs in a worker thread so the event loop keeps serving.
 """
 
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 import torch
 from verl.workers.rollout.replica import TokenOutput
 
+from verl_memagent.hf_decoding import ATTENTION, RunningBatch, register_attention
 from verl_memagent.hf_sampling import BatchSampler
 
 _KNOWN_KEYS = frozenset(
@@ -110,6 +111,10 @@ class HFGenerator:
         self.global_steps: int | None = None
         self._sampling_generator = torch.Generator().manual_seed(seed)
         self._model_lock = threading.Lock()
+        # weight loads wait until no row is decoding, and no row starts while one waits
+        self._decoding_state = threading.Condition()
+        self._decoding = False
+        self._loads_waiting = 0
         self._queue: asyncio.Queue[_Request] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: asyncio.Task | None = None
@@ -135,8 +140,9 @@ class HFGenerator:
         bar_was_on = transformers_logging.is_progress_bar_enabled()
         transformers_logging.disable_progress_bar()
         try:
+            register_attention()
             model = AutoModelForCausalLM.from_pretrained(
-                path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust_remote_code
+                path, dtype=dtype, attn_implementation=ATTENTION, trust_remote_code=trust_remote_code
             )
         finally:
             if bar_was_on:
@@ -158,11 +164,25 @@ class HFGenerator:
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]], global_steps: int | None = None) -> int:
         """Copy full tensors (HF parameter names, e.g. from FSDP's `get_per_tensor_param`) into the model.
 
-        Waits for a running batch to finish. Returns how many tensors were loaded; an unknown name or
-        a shape mismatch raises instead of being skipped.
+        Waits until no row is decoding (requests arriving meanwhile wait for the new weights). Returns how
+        many tensors were loaded; an unknown name or a shape mismatch raises instead of being skipped.
         """
         params = dict(self.model.named_parameters(remove_duplicate=False))  # tied weights under both names
         params.update(self.model.named_buffers(remove_duplicate=False))
+        loaded = 0
+        with self._decoding_state:
+            self._loads_waiting += 1
+            try:
+                self._decoding_state.wait_for(lambda: not self._decoding)
+                loaded = self._copy_weights(weights, params)
+            finally:
+                self._loads_waiting -= 1
+                self._decoding_state.notify_all()
+        if global_steps is not None:
+            self.global_steps = global_steps
+        return loaded
+
+    def _copy_weights(self, weights: Iterable[tuple[str, torch.Tensor]], params: dict) -> int:
         loaded = 0
         with self._model_lock, torch.no_grad():
             for name, tensor in weights:
@@ -175,8 +195,6 @@ class HFGenerator:
                     )
                 target.copy_(tensor.to(device=target.device, dtype=target.dtype))
                 loaded += 1
-        if global_steps is not None:
-            self.global_steps = global_steps
         return loaded
 
     # -------------------------------------------------------------------------------------- generation
@@ -251,58 +269,65 @@ class HFGenerator:
             self._worker = loop.create_task(self._serve(self._queue))
 
     async def _serve(self, queue: asyncio.Queue[_Request]) -> None:
+        batch: RunningBatch | None = None
+        waiting: list[_Request] = []
         while True:
-            batch = [await queue.get()]
-            await asyncio.sleep(self.batch_wait_s)
-            while not queue.empty() and len(batch) < self.max_batch_size:
-                batch.append(queue.get_nowait())
+            if batch is None and not waiting:
+                waiting.append(await queue.get())
+                await asyncio.sleep(self.batch_wait_s)  # let the others of a burst arrive
+            room = self.max_batch_size - len(waiting) - (len(batch) if batch else 0)
+            while room > 0 and not queue.empty():
+                waiting.append(queue.get_nowait())
+                room -= 1
+            # while a weight load waits, the running rows finish and no new row starts
+            joining, waiting = ([], waiting) if self._loads_waiting and batch else (waiting, [])
             try:
-                await asyncio.to_thread(self._decode, batch)
-            except Exception as e:  # every waiting caller sees the error, the server keeps serving
-                for request in batch:
+                batch, finished = await asyncio.to_thread(self._advance, batch, joining)
+            except Exception as e:  # every caller of the batch sees the error, the server keeps serving
+                finished, batch = (batch.requests if batch else []) + joining, None
+                self._set_decoding(False)
+                for request in finished:
                     if not request.future.done():
                         request.future.set_exception(e)
                 continue
-            for request in batch:
+            for request in finished:
                 if not request.future.done():
                     request.future.set_result(None)
 
+    def _set_decoding(self, decoding: bool) -> None:
+        with self._decoding_state:
+            if decoding:
+                self._decoding_state.wait_for(lambda: not self._loads_waiting)
+            self._decoding = decoding
+            self._decoding_state.notify_all()
+
     @torch.inference_mode()
-    def _decode(self, batch: list[_Request]) -> None:
-        """Decode `batch` as one left-padded batch with a KV cache until every row has stopped."""
+    def _advance(
+        self, batch: RunningBatch | None, joining: list[_Request]
+    ) -> tuple[RunningBatch | None, list[_Request]]:
+        """One step: the running rows decode a token, the joining requests are prefilled (their first token)
+        and join them; returns the rows still decoding and the requests that finished."""
+        if batch is None:
+            self._set_decoding(True)
         with self._model_lock:
-            device = next(self.model.parameters()).device
-            width = max(len(r.prompt_ids) for r in batch)
-            input_ids = torch.full((len(batch), width), self.pad_token_id, dtype=torch.long)
-            attention_mask = torch.zeros((len(batch), width), dtype=torch.long)
-            for row, request in enumerate(batch):
-                input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
-                attention_mask[row, width - len(request.prompt_ids) :] = 1
-            input_ids, attention_mask = input_ids.to(device), attention_mask.to(device)
-            position_ids = (attention_mask.cumsum(-1) - 1).clamp(min=0)
-            seen = [torch.tensor(r.prompt_ids, device=device) for r in batch]  # for the repetition penalty
-            sampler = BatchSampler(batch, device)
-            past = None
-            for _ in range(max(r.max_tokens for r in batch)):
-                out = self.model(
-                    input_ids=input_ids,
-                    attention_mask=attention_mask,
-                    position_ids=position_ids,
-                    past_key_values=past,
-                    use_cache=True,
-                    logits_to_keep=1,  # the prompt's other positions predict nothing to sample
-                )
-                past = out.past_key_values
-                tokens, log_probs = sampler.sample(out.logits[:, -1, :].float(), seen, self._sampling_generator)
-                for row, request in enumerate(batch):
-                    if request.finish_reason is None:
-                        self._append(request, int(tokens[row]), float(log_probs[row]))
-                        seen[row] = torch.cat([seen[row], tokens[row : row + 1]])
-                if all(r.finish_reason is not None for r in batch):
-                    return
-                input_ids = tokens[:, None]
-                attention_mask = torch.cat([attention_mask, attention_mask.new_ones((len(batch), 1))], dim=-1)
-                position_ids = position_ids[:, -1:] + 1
+            if batch is not None:
+                self._sample(batch, batch.step(self.model))
+            if joining:
+                new, logits = RunningBatch.prefill(self.model, joining, self.pad_token_id)
+                self._sample(new, logits)
+                batch = new if batch is None else batch.join(new)
+        batch, finished = batch.without_finished()
+        if batch is None:
+            self._set_decoding(False)
+        return batch, finished
+
+    def _sample(self, batch: RunningBatch, logits: torch.Tensor) -> None:
+        tokens, log_probs = BatchSampler(batch.requests, logits.device).sample(
+            logits, batch.seen, self._sampling_generator
+        )
+        batch.record(tokens)
+        for request, token, log_prob in zip(batch.requests, tokens.tolist(), log_probs.tolist(), strict=True):
+            self._append(request, token, log_prob)
 
     def _append(self, request: _Request, token: int, log_prob: float) -> None:
         request.token_ids.append(token)

@@ -1,6 +1,7 @@
 """One decoding step's sampling for a batch of `hf_generator` requests, with vLLM's semantics: repetition
-penalty, temperature, top-k, top-p, then a draw from each row's own generator (its `seed`), and the
-processed log-probability of the sampled token (vLLM's `processed_logprobs`)."""
+penalty, temperature, top-k, top-p, then a draw from each row's own generator (its `seed`) or, for the
+rows without one, one draw for all of them from the caller's generator, and the processed
+log-probability of the sampled token (vLLM's `processed_logprobs`)."""
 
 from __future__ import annotations
 
@@ -25,6 +26,10 @@ class BatchSampler:
         self.top_p = torch.tensor([r.top_p for r in batch], device=device)[:, None]
         self.penalty = [r.repetition_penalty for r in batch]
         self.truncates = bool((self.top_k > 0).any() or (self.top_p < 1).any())
+        sampled = [row for row, r in enumerate(batch) if r.temperature >= GREEDY_EPS]
+        #: rows drawing from the caller's generator, in one call; rows with a seed draw from their own
+        self.shared_rows = [row for row in sampled if batch[row].generator is None]
+        self.seeded_rows = [row for row in sampled if batch[row].generator is not None]
 
     def sample(
         self, logits: torch.Tensor, seen: list[torch.Tensor], default_generator: torch.Generator
@@ -43,13 +48,12 @@ class BatchSampler:
             processed = self._top_k_top_p(processed)
         logp = torch.log_softmax(processed, dim=-1)
         probs = logp.exp()
-        sampled = torch.empty_like(greedy_tokens)
-        for row, request in enumerate(self.batch):
-            if self.greedy[row]:
-                sampled[row] = greedy_tokens[row]
-            else:
-                generator = request.generator or default_generator
-                sampled[row] = torch.multinomial(probs[row].cpu(), 1, generator=generator).item()
+        sampled = greedy_tokens.clone()
+        if self.shared_rows:
+            draws = torch.multinomial(probs[self.shared_rows].cpu(), 1, generator=default_generator)
+            sampled[self.shared_rows] = draws.squeeze(-1).to(sampled.device)
+        for row in self.seeded_rows:
+            sampled[row] = torch.multinomial(probs[row].cpu(), 1, generator=self.batch[row].generator).item()
         chosen = torch.where(self.greedy[:, None], greedy_logp, logp)
         return sampled, chosen.gather(-1, sampled[:, None]).squeeze(-1)
 
