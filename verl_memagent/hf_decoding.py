@@ -25,6 +25,8 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
+from verl_memagent.hf_prefix_cache import PrefixCache
+
 #: the attention implementation name `register_attention` gives transformers
 ATTENTION = "memagent_decode"
 #: free cache positions a layer keeps beyond its rows' length; it doubles when they run out
@@ -81,8 +83,13 @@ class GrowingLayer(DynamicLayer):
     def update(self, key_states, value_states, *args, **kwargs):
         added = key_states.shape[-2]
         if self.length + added > self._keys.shape[-2]:
-            self._keys = torch.cat([self._keys, torch.zeros_like(self._keys)], dim=-2)
-            self._values = torch.cat([self._values, torch.zeros_like(self._values)], dim=-2)
+            room = max(self._keys.shape[-2], added + SPARE_POSITIONS)
+            self._keys = torch.cat(
+                [self._keys, self._keys.new_zeros((*self._keys.shape[:2], room, self._keys.shape[-1]))], -2
+            )
+            self._values = torch.cat(
+                [self._values, self._values.new_zeros((*self._values.shape[:2], room, self._values.shape[-1]))], -2
+            )
         self._keys[..., self.length : self.length + added, :] = key_states
         self._values[..., self.length : self.length + added, :] = value_states
         self.length += added
@@ -94,6 +101,25 @@ def _cache(layers: Sequence[tuple[torch.Tensor, torch.Tensor]]) -> DynamicCache:
     cache = DynamicCache()
     cache.layers = [GrowingLayer(keys, values) for keys, values in layers]
     return cache
+
+
+def _stacked_prefixes(hits: list, reused: list[int], width: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
+    """Per layer, the rows' first `reused[row]` cached keys and values (of their hit's layers), left-padded
+    to `width` positions and stacked into (rows, heads, width, head dim)."""
+    template = next(layers for layers, start in zip(hits, reused, strict=True) if start)
+    stacked = []
+    for layer, (keys, values) in enumerate(template):
+        per_kind = []
+        for kind, like in enumerate((keys, values)):
+            rows = [
+                _left_pad(layers[layer][kind][:, :start], width, -2)
+                if start
+                else like.new_zeros((like.shape[0], width, like.shape[2]))
+                for layers, start in zip(hits, reused, strict=True)
+            ]
+            per_kind.append(torch.stack(rows))
+        stacked.append(tuple(per_kind))
+    return stacked
 
 
 def _left_pad(tensor: torch.Tensor, width: int, dim: int) -> torch.Tensor:
@@ -119,29 +145,40 @@ class RunningBatch:
         return len(self.requests)
 
     @classmethod
-    def prefill(cls, model, requests, pad_token_id: int) -> tuple[RunningBatch, torch.Tensor]:
-        """Run the requests' prompts as one left-padded batch: the batch and its next-token logits."""
+    def prefill(cls, model, requests, pad_token_id: int, prefixes: PrefixCache) -> tuple[RunningBatch, torch.Tensor]:
+        """Prefill the requests' prompts as one batch, each from its longest cached prefix: the batch and its
+        next-token logits.
+
+        Every row runs the same number of new tokens, `block`, the most any row needs beyond its cached
+        prefix; a row that needs fewer runs the last `block` tokens of its prompt (recomputing some cached
+        ones) on a shorter prefix, so each row's keys stay contiguous and right-aligned.
+        """
         device = next(model.parameters()).device
-        width = max(len(r.prompt_ids) for r in requests)
-        input_ids = torch.full((len(requests), width), pad_token_id, dtype=torch.long)
-        mask = torch.zeros((len(requests), width), dtype=torch.long)
-        for row, request in enumerate(requests):
-            input_ids[row, width - len(request.prompt_ids) :] = torch.tensor(request.prompt_ids)
-            mask[row, width - len(request.prompt_ids) :] = 1
+        hits = [prefixes.longest(r.prompt_ids) for r in requests]
+        lengths = [len(r.prompt_ids) for r in requests]
+        block = max(length - cached for length, (cached, _) in zip(lengths, hits, strict=True))
+        reused = [max(0, length - block) for length in lengths]
+        past = max(reused)
+        input_ids = torch.full((len(requests), block), pad_token_id, dtype=torch.long)
+        mask = torch.zeros((len(requests), past + block), dtype=torch.long)
+        for row, (request, length, start) in enumerate(zip(requests, lengths, reused, strict=True)):
+            input_ids[row, block - (length - start) :] = torch.tensor(request.prompt_ids[start:])
+            mask[row, past + block - length :] = 1
+        cache = _cache(_stacked_prefixes([layers for _, layers in hits], reused, past)) if past else DynamicCache()
         input_ids, mask = input_ids.to(device), mask.to(device)
         out = model(
             input_ids=input_ids,
             attention_mask=mask,
-            position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
-            past_key_values=DynamicCache(),
+            position_ids=(mask.cumsum(-1) - 1).clamp(min=0)[:, past:],
+            past_key_values=cache,
             use_cache=True,
             logits_to_keep=1,  # the prompt's other positions predict nothing to sample
         )
-        layers = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+        if not past:
+            cache = _cache([(layer.keys, layer.values) for layer in out.past_key_values.layers])
         positions = mask.sum(-1)
         seen = [torch.tensor(r.prompt_ids, device=device) if r.repetition_penalty != 1.0 else None for r in requests]
-        batch = cls(requests, _cache(layers), mask, positions, torch.zeros_like(positions), seen)
-        return batch, out.logits[:, -1, :].float()
+        return cls(requests, cache, mask, positions, torch.zeros_like(positions), seen), out.logits[:, -1, :].float()
 
     def step(self, model) -> torch.Tensor:
         """Feed every row's last token: the next-token logits of every row."""
@@ -183,13 +220,23 @@ class RunningBatch:
             self.seen + other.seen,
         )
 
-    def without_finished(self) -> tuple[RunningBatch | None, list]:
-        """The rows still decoding (None if none) and the requests that finished; columns that are
-        padding in every remaining row are dropped."""
+    def without_finished(self, prefixes: PrefixCache) -> tuple[RunningBatch | None, list]:
+        """The rows still decoding (None if none) and the requests that finished, whose sequences' keys and
+        values go to `prefixes`; columns that are padding in every remaining row are dropped."""
         keep = [row for row, r in enumerate(self.requests) if r.finish_reason is None]
         finished = [r for r in self.requests if r.finish_reason is not None]
         if not finished:
             return self, []
+        for row, request in enumerate(self.requests):
+            if request.finish_reason is not None:  # every token but the last sampled one is in the cache
+                sequence = request.prompt_ids + request.token_ids[:-1]
+                prefixes.store(
+                    sequence,
+                    [
+                        (layer.keys[row, :, -len(sequence) :].clone(), layer.values[row, :, -len(sequence) :].clone())
+                        for layer in self.cache.layers
+                    ],
+                )
         if not keep:
             return None, finished
         index = torch.tensor(keep, device=self.mask.device)

@@ -33,6 +33,7 @@ import torch
 from verl.workers.rollout.replica import TokenOutput
 
 from verl_memagent.hf_decoding import ATTENTION, RunningBatch, register_attention
+from verl_memagent.hf_prefix_cache import PrefixCache
 from verl_memagent.hf_sampling import BatchSampler
 
 _KNOWN_KEYS = frozenset(
@@ -85,6 +86,8 @@ class HFGenerator:
         default_max_tokens: used when a request names no `max_tokens` (verl: `rollout.response_length`).
         max_batch_size: at most this many requests decode together.
         batch_wait_s: after the first request of a batch arrives, wait this long for others to join.
+        prefix_cache_bytes: keys and values of finished sequences kept for prompts that repeat them
+            (`hf_prefix_cache`); 0 keeps none.
         seed: seeds sampling for requests that bring no `seed` of their own.
     """
 
@@ -99,6 +102,7 @@ class HFGenerator:
         max_batch_size: int = 64,
         batch_wait_s: float = 0.005,
         seed: int = 0,
+        prefix_cache_bytes: int = 1 << 30,
     ) -> None:
         self.model = model.eval()
         self.tokenizer = tokenizer
@@ -108,6 +112,7 @@ class HFGenerator:
         self.default_max_tokens = default_max_tokens
         self.max_batch_size = max_batch_size
         self.batch_wait_s = batch_wait_s
+        self.prefixes = PrefixCache(prefix_cache_bytes)
         self.global_steps: int | None = None
         self._sampling_generator = torch.Generator().manual_seed(seed)
         self._model_lock = threading.Lock()
@@ -175,6 +180,7 @@ class HFGenerator:
             try:
                 self._decoding_state.wait_for(lambda: not self._decoding)
                 loaded = self._copy_weights(weights, params)
+                self.prefixes.clear()  # keys and values of the old weights
             finally:
                 self._loads_waiting -= 1
                 self._decoding_state.notify_all()
@@ -313,10 +319,10 @@ class HFGenerator:
             if batch is not None:
                 self._sample(batch, batch.step(self.model))
             if joining:
-                new, logits = RunningBatch.prefill(self.model, joining, self.pad_token_id)
+                new, logits = RunningBatch.prefill(self.model, joining, self.pad_token_id, self.prefixes)
                 self._sample(new, logits)
                 batch = new if batch is None else batch.join(new)
-        batch, finished = batch.without_finished()
+            batch, finished = batch.without_finished(self.prefixes)
         if batch is None:
             self._set_decoding(False)
         return batch, finished
