@@ -1,7 +1,7 @@
 """Synchronous against asynchronous training on a long-tail workload, side by side in one run (issue #45).
 
 The composed password task (`memagent_examples.composed_doors`) with questions of 1, 2, 4 and 8 objectives
-mixed, and an agent's warm start shipped for `benchmarks/papers_claim.py` (`memagent_examples/composed_starts`),
+mixed, and an agent's warm start shipped for `benchmarks/papers_claim.py` (`memagent_examples/composed_doors/starts`),
 which searches once per objective: its trajectories run from one context to nine, a long tail within every
 step. Each mode trains it with verl's real trainer (`recipes/cpu/composed_doors.yaml`, 4 questions x 8
 trajectories a step) through vLLM-CPU for `--steps` steps, one launch after the other, under one hold of
@@ -38,7 +38,7 @@ from pathlib import Path
 from papers_claim import Sweep, shipped_seed  # puts the repository and tests/ on the path, as the benchmarks run
 from vllm_cpu import SEPARATE_ASYNC_ONE_REPLICA
 
-from memagent_examples import composed_doors
+from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
 from verl_memagent.cpu.topology import Topology, hydra_overrides, standalone_rollout_ranks
 
 #: every objective count of the task: the long tail
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
         shipped_seed((args.agent,)),
         lock=args.lock,
         rl_objectives=RL_OBJECTIVES,
-        starts=composed_doors.SHIPPED_STARTS,
+        starts=SHIPPED_STARTS,
     )
     launches: dict[str, list[dict]] = {mode: [] for mode in MODES}
     metrics: dict[str, list[list[dict]]] = {mode: [] for mode in MODES}

@@ -11,7 +11,7 @@ words in new pairs; `unseen`: words no training door used) at k = 1, 2, 4, 8: EM
 metric), peak context tokens per trajectory, tokens prefilled and decoded per question, seconds per
 question, turns and the share answered.
 
-RL starts from the warm starts shipped in `memagent_examples/composed_starts/` (the ones the committed
+RL starts from the warm starts shipped in `memagent_examples/composed_doors/starts/` (the ones the committed
 records grew from: a warm start built on another CPU is another model, and the three cost ~7 core-hours);
 `--start build` builds the tiny model, copy pretraining and warm starts under `--work` instead.
 
@@ -45,8 +45,9 @@ sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers 
 
 from retriever_process import ServerProcess, build_command, serve_command  # noqa: E402
 
-from memagent_examples import composed_doors  # noqa: E402
-from memagent_examples.learn_codes.start import cpu, read_record  # noqa: E402
+from memagent_examples.build_records import cpu, read_record  # noqa: E402
+from memagent_examples.composed_doors import task as composed_task  # noqa: E402
+from memagent_examples.composed_doors import warm_start as composed_warm_start  # noqa: E402
 
 AGENTS = ("memsearcher", "mem1", "react")
 OBJECTIVES = (1, 2, 4, 8)
@@ -84,7 +85,7 @@ class Sweep:
     """The sweep's pieces and cells. `objectives`, `eval_tasks` and `rl_overrides` (hydra overrides of
     composed_doors.yaml) shrink it for a test; the benchmark runs the defaults. `rl_objectives` other
     than MEM1's (2,) trains on questions of each of those k: its cells are phases of their own. `starts`: a
-    folder of warm starts, one per agent (`composed_doors.SHIPPED_STARTS`), which the build then does not make."""
+    folder of warm starts, one per agent (`composed_warm_start.SHIPPED_STARTS`), which the build then does not make."""
 
     def __init__(
         self,
@@ -92,7 +93,7 @@ class Sweep:
         results: Path,
         build_seed: int = 0,
         copy_steps: tuple[int, int] = (800, 1500),
-        warm_steps: int = composed_doors.WARM_STEPS,
+        warm_steps: int = composed_warm_start.WARM_STEPS,
         lock: Path | None = None,
         objectives: tuple[int, ...] = OBJECTIVES,
         eval_tasks: dict[str, int] = EVAL_TASKS,
@@ -147,9 +148,9 @@ class Sweep:
         from verl_memagent.data.compose import task_rows
         from verl_memagent.data.prepare import write_parquet
 
-        sets = composed_doors.read_door_sets(self.build / "task")
+        sets = composed_task.read_door_sets(self.build / "task")
         for name, tasks in self.eval_tasks.items():
-            pool = composed_doors.records(sets.of(name), name)
+            pool = composed_task.records(sets.of(name), name)
             for k in self.objectives:
                 rows = task_rows(pool, "memsearcher", "test", objectives=k, num_tasks=tasks, seed=0)
                 write_parquet(rows, out / f"{name}_k{k}.parquet")
@@ -161,7 +162,7 @@ class Sweep:
 
         path = self.build / "data" / f"rl_{agent}{rl_suffix(self.rl_objectives)}.parquet"
         if not path.is_file():
-            pool = composed_doors.records(composed_doors.read_door_sets(self.build / "task").rl, "rl")
+            pool = composed_task.records(composed_task.read_door_sets(self.build / "task").rl, "rl")
             rows = [
                 row
                 for k in self.rl_objectives
@@ -239,8 +240,8 @@ class Sweep:
                 str(model),
             ]
             command += ["--agent-loops", str(AGENT_LOOPS), "--retriever", self.retriever.url, *data, "--out", str(out)]
-            lengths = ["--prompt-length", str(composed_doors.PROMPT_LENGTH)]
-            command += [*lengths, "--response-length", str(composed_doors.RESPONSE_LENGTH)]
+            lengths = ["--prompt-length", str(composed_task.PROMPT_LENGTH)]
+            command += [*lengths, "--response-length", str(composed_task.RESPONSE_LENGTH)]
             began = time.perf_counter()
             run(command, out / "log", {**os.environ, "OMP_NUM_THREADS": "1"})
             wall = time.perf_counter() - began
@@ -443,7 +444,7 @@ def report(records: list[dict], plot_path: Path = PLOT) -> dict:
 
 def shipped_seed(agents: tuple[str, ...]) -> int:
     """The build seed of the shipped warm starts: their doors are the task's of that seed."""
-    seeds = {read_record(composed_doors.SHIPPED_STARTS / agent)["inputs"]["seed"] for agent in agents}
+    seeds = {read_record(composed_warm_start.SHIPPED_STARTS / agent)["inputs"]["seed"] for agent in agents}
     if len(seeds) != 1:
         raise SystemExit(f"the shipped warm starts were built from different seeds {sorted(seeds)}")
     return seeds.pop()
@@ -469,7 +470,7 @@ def main(argv: list[str] | None = None) -> int:
         "--start",
         choices=("shipped", "build"),
         default="shipped",
-        help="shipped: RL starts from memagent_examples/composed_starts (the committed records' warm starts); "
+        help="shipped: RL starts from memagent_examples/composed_doors/starts (the committed records' warm starts); "
         "build: build the tiny model, copy pretraining and warm starts under --work (~7 core-hours)",
     )
     parser.add_argument("--build-seed", type=int, help="--start build: the tiny model, the doors and the warm starts")
@@ -481,7 +482,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--warm-steps",
         type=int,
-        help=f"--start build: supervised steps of every agent's warm start (default {composed_doors.WARM_STEPS}, "
+        help=f"--start build: supervised steps of every agent's warm start (default {composed_warm_start.WARM_STEPS}, "
         "the last third decaying the lr)",
     )
     parser.add_argument(
@@ -505,7 +506,7 @@ def main(argv: list[str] | None = None) -> int:
             parser.error("--work is required to run the sweep")
         built = {"build_seed": args.build_seed, "copy_steps": args.copy_steps, "warm_steps": args.warm_steps}
         given = {name: value for name, value in built.items() if value is not None}  # the rest: Sweep's defaults
-        starts = composed_doors.SHIPPED_STARTS if args.start == "shipped" else None
+        starts = composed_warm_start.SHIPPED_STARTS if args.start == "shipped" else None
         if starts and given:
             options = ", ".join("--" + name.replace("_", "-") for name in given)
             parser.error(f"{options}: settings of a build; add --start build, or leave them out")

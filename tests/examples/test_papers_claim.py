@@ -102,7 +102,7 @@ def test_agents_are_chosen_by_name_and_an_unknown_one_is_refused(capsys):
 def test_the_committed_records_grew_from_the_shipped_warm_starts(capsys):
     """What `--start shipped` (the default) trains from is what the committed JSON's cells grew from, so
     a sweep on another machine resumes them rather than mixing in a second warm start."""
-    from memagent_examples.composed_doors import SHIPPED_STARTS
+    from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
 
     records = json.loads(papers_claim.RESULTS.read_text())
     grown_from = {(r["agent"], r["warm_start_sha256"]) for r in records}
@@ -126,9 +126,9 @@ def test_the_report_refuses_records_of_two_warm_starts_of_one_agent(tmp_path):
 def test_a_mixed_rl_set_composes_each_k_on_the_rl_doors_and_is_a_phase_of_its_own(tmp_path, tokenizer, capsys):
     import pandas as pd
 
-    from memagent_examples import composed_doors
+    from memagent_examples.composed_doors.task import write_door_sets
 
-    composed_doors.write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
+    write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
     mem1s, mixed = (papers_claim.Sweep(tmp_path, tmp_path / "r.json", rl_objectives=ks) for ks in ((2,), (1, 2, 8)))
     rows = pd.read_parquet(mixed.rl_data("mem1"))
     assert mixed.rl_data("mem1").name == "rl_mem1_k1-2-8.parquet" and mem1s.rl_data("mem1").name == "rl_mem1.parquet"
