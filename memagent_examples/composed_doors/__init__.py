@@ -17,5 +17,5 @@ The doors come in four disjoint sets (`DoorSets`):
 Rooms: `task` (the door sets, their corpus and questions, and the context lengths of the task's RL
 recipe), `warm_start` (each agent's demonstrations and warm start; the three agents' warm starts at the
 defaults are shipped in `starts/`) and `cli` (`python -m memagent_examples.composed_doors`). The sweep
-that trains and scores the three agents on it is `benchmarks/papers_claim.py` (docs/papers_claim.md).
+that trains and scores the three agents on it is `memagent_examples.papers_claim` (docs/papers_claim.md).
 """

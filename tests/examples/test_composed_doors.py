@@ -10,7 +10,6 @@ from pathlib import Path
 
 import pytest
 import torch
-from retriever_process import build_command
 
 from memagent_examples.build_records import contexts_digest, read_record
 from memagent_examples.composed_doors.task import (
@@ -34,6 +33,7 @@ from memagent_examples.composed_doors.warm_start import (
     demonstration_scripts,
     warm_start_agent,
 )
+from memagent_examples.retriever_process import build_command
 from memagent_examples.scripted import ScriptedPolicy
 from memagent_examples.warm_start import scripted_samples
 from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config, verl_worker_row

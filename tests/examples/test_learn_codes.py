@@ -14,7 +14,6 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from retriever_process import build_command
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from memagent_examples.build_records import contexts_digest, read_record
@@ -33,6 +32,7 @@ from memagent_examples.learn_codes.task import (
     warm_start,
     write_task,
 )
+from memagent_examples.retriever_process import build_command
 from memagent_examples.training import IGNORE, supervised_steps
 from memagent_examples.warm_start import WarmStartOptions, scripted_samples
 from retriever_server.bm25 import terms
