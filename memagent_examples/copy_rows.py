@@ -39,7 +39,7 @@ def distant_copy_batch(
     """Random token rows with `copies` segments of 4-16 tokens each repeated at a random later place;
     labels only on the repeats. An agent's query copies names from a question hundreds of tokens into its
     context; `copy_batch`'s 128-token rows form heads that copy 40 tokens back and fail past position 128
-    (benchmarks/RESULTS.md, the papers' claim), these rows teach copying at every distance and position.
+    (benchmarks/reading_probe.py, docs/papers_claim.md), these rows teach copying at every distance and position.
     A repeat never overwrites, nor touches, an earlier segment or repeat, so each label is a true copy."""
     if length < 40 * copies:
         raise ValueError(f"distant copy rows: length {length} leaves no room for {copies} copies; use >= {40 * copies}")

@@ -85,9 +85,9 @@ class AnswerRows:
     their order, `;`-separated, then its closer; labels on the answer only. Why: in a demonstration the
     password after the opener is one labelled token in hundreds, and a tiny model never finds that
     lookup from so rare a signal (teacher-forced, at chance after 600 warm-start steps, and after 400
-    more on answer turns alone); rows that each end in one teach it (benchmarks/RESULTS.md, the papers'
-    claim). Rows of at most 3 statements taught answers of at most 3: an answer of 8 passwords repeated
-    one after the fourth until the call's tokens ran out."""
+    more on answer turns alone); rows that each end in one teach it (docs/papers_claim.md). Rows of at
+    most 3 statements taught answers of at most 3: an answer of 8 passwords repeated one after the
+    fourth until the call's tokens ran out."""
 
     statement_end: tuple[int, int]  # " is" and "."
     opener: tuple[int, ...]
