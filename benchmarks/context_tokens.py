@@ -24,87 +24,26 @@ import argparse
 import asyncio
 import json
 import statistics
-import subprocess
-import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers with
+from shared import (
+    AGENTS,
+    MEMORY_CONTEXT_CAP,
+    REPO,
+    build_loop,
+    check_trajectory,
+    load_questions,
+    script,
+    start_retriever,
+)
 
-from retriever_process import ServerProcess, build_command, serve_command  # noqa: E402
+from memagent_examples.model_format import ModelFormat
+from memagent_examples.scripted import ScriptedPolicy
+from verl_memagent.agent import verl_sampling_params, verl_trainer_config, verl_worker_row
+from verl_memagent.agent.settings import AgentSettings, PromptStyle
 
-from memagent_examples.model_format import ModelFormat  # noqa: E402
-from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
-from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params, verl_trainer_config  # noqa: E402
-from verl_memagent.agent.settings import AgentSettings, PromptStyle  # noqa: E402
-from verl_memagent.output_fields import FinishReason, OutputField  # noqa: E402
-
-AGENTS = ("memsearcher", "mem1", "react")
 MAX_TURNS = 10
-#: the papers' limits: 512 new tokens per call, memory cap 1024, 4k context for the memory agents
-SETTINGS = {"max_new_tokens": 512, "memory_max_tokens": 1024, "observation_max_tokens": 2048}
-MEMORY_CONTEXT_CAP = 4096
-NOTE_WORDS_PER_SEARCH = 40
-
-
-def start_retriever(corpus: Path, workdir: Path) -> ServerProcess:
-    """Build a BM25 index of `corpus` and serve it on a free loopback port."""
-    index = workdir / "bm25"
-    subprocess.run(build_command("bm25", corpus, index), check=True, cwd=REPO, capture_output=True)
-    return ServerProcess(serve_command(index), timeout_s=60, cwd=REPO)
-
-
-def load_questions(data_dir: Path, count: int) -> tuple[list[dict], dict[str, str]]:
-    """The first `count` multi-hop questions and the corpus passages (id -> text)."""
-    with (data_dir / "qa_multihop.jsonl").open() as f:
-        questions = [json.loads(line) for _, line in zip(range(count), f, strict=False)]
-    wanted = {pid for q in questions for pid in q["supporting_ids"]}
-    passages = {}
-    with (data_dir / "corpus.jsonl").open() as f:
-        for line in f:
-            row = json.loads(line)
-            if row["id"] in wanted:
-                passages[row["id"]] = row["contents"].split("\n", 1)[1]
-    return questions, passages
-
-
-def script(model: ModelFormat, question: dict, passages: dict[str, str], turns: int) -> list[str]:
-    """The policy's texts for a `turns`-turn trajectory on `question`, written in `model`'s format."""
-    facts = " ".join(passages[pid] for pid in question["supporting_ids"]).split()
-    texts = []
-    for turn, query in enumerate(queries_of(question, turns)):
-        notes = " ".join(facts[: NOTE_WORDS_PER_SEARCH * (turn + 1)])
-        thought = f"I still miss a fact about {query}; the passages so far point there, so search it."
-        texts += model.search(thought, query, notes)
-    notes = " ".join(facts[: NOTE_WORDS_PER_SEARCH * turns])
-    return [*texts, model.answer("The evidence answers the question.", question["golden_answers"][0], notes)]
-
-
-def queries_of(question: dict, turns: int) -> list[str]:
-    """The queries of a `turns`-turn script: the supporting titles, then the question, cycled."""
-    pool = [*question["supporting_titles"], question["question"]]
-    return [pool[turn % len(pool)] for turn in range(turns - 1)]
-
-
-def check_trajectory(agent: str, outputs: list, policy: ScriptedPolicy, turns: int) -> None:
-    """The scripted trajectory played out: every text used, `turns` turns, a well-formed answer."""
-    final = outputs[-1].extra_fields
-    played = final[OutputField.TURNS] if agent == "react" else len(outputs)
-    errors = sum(o.extra_fields[OutputField.RETRIEVER_ERRORS] for o in outputs)
-    if (final[OutputField.FINISH_REASON], final[OutputField.FINAL_FORMAT_OK], len(policy.calls), played, errors) != (
-        FinishReason.ANSWER,
-        True,
-        len(policy.texts),
-        turns,
-        0,
-    ):
-        raise RuntimeError(
-            f"{agent} T={turns}: the scripted trajectory ended with {final['finish_reason']!r} after {played} turns,"
-            f" {len(policy.calls)} of {len(policy.texts)} texts played, format ok {final['final_format_ok']},"
-            f" {errors} retriever errors"
-        )
 
 
 def turn_contexts(agent: str, calls: list[dict], turns: int) -> list[int]:
@@ -134,17 +73,10 @@ def _common_prefix(a: list[int], b: list[int]) -> int:
     return n
 
 
-def build_loop(agent, config, policy, tokenizer, hf_model_type, settings: dict):
-    """One loop as verl builds it, with the papers' limits and the memory agents' context cap."""
-    cap = {} if agent == "react" else {"context_max_tokens": MEMORY_CONTEXT_CAP}
-    return instantiate_agent_loop(agent, config, policy, tokenizer, hf_model_type, **SETTINGS, **cap, **settings)
-
-
 async def run_trajectory(agent, model, question, passages, turns, config, tokenizer, hf_model_type, settings) -> dict:
     policy = ScriptedPolicy(tokenizer, script(model, question, passages, turns))
     loop = build_loop(agent, config, policy, tokenizer, hf_model_type, {**settings, "max_turns": turns})
-    row = {"raw_prompt": [{"role": "user", "content": question["question"]}], "extra_info": {}}
-    outputs = await loop.run(verl_sampling_params(), **row)
+    outputs = await loop.run(verl_sampling_params(), **verl_worker_row(question["question"]))
     outputs = outputs if isinstance(outputs, list) else [outputs]
     check_trajectory(agent, outputs, policy, turns)
     per_turn = turn_contexts(agent, policy.calls, turns)

@@ -3,8 +3,8 @@ index of wiki-18's size.
 
 1. build: the bundled corpus (14,230 passages) encoded on the GPU in fp16 into a `torch` index:
    passages/s of the whole build, and the cosine of its vectors to the fp32 CPU encoder's.
-2. serve: `retriever_server serve --device cuda` (cache off) and retriever_bench.py's naive
-   per-request server on the same GPU, driven at retriever_bench.py's levels (concurrency 1, 8, 64
+2. serve: `retriever_server serve --device cuda` (cache off) and the naive per-request server
+   (`shared.naive`) on the same GPU, driven at retriever_bench.py's levels (concurrency 1, 8, 64
    x 1 and 32 queries per request, topk 3) with the multi-hop questions; recall@3 next to the fp32 CPU
    encoder searching the same vectors exactly in numpy. Then the rollout-shaped load (cache on).
 3. scale: `--scale-rows` random unit vectors of `--dim` (default: wiki-18 under e5-base, 21,015,324 x
@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 import numpy as np
-import retriever_bench as bench
+import shared
 import torch
 
 from retriever_server.corpus import CorpusStore
@@ -39,12 +39,12 @@ SCALE_K = 10
 
 
 def build(args: argparse.Namespace, multihop: list[dict], report: dict) -> Path:
-    corpus = bench.REPO / "data" / "corpus.jsonl"
+    corpus = shared.REPO / "data" / "corpus.jsonl"
     if args.passages:
-        corpus = bench.dense_subset(args.work_dir, multihop, args.passages)
+        corpus = shared.dense_subset(args.work_dir, multihop, args.passages)
     out = args.work_dir / f"torch_{args.device}_{args.passages or 'all'}"
     flags = ("--encoder", args.model, "--index-type", "torch", "--device", args.device, "--batch-size", "256")
-    seconds = bench.build("dense", corpus, out, *flags)
+    seconds = shared.build("dense", corpus, out, *flags)
     passages = json.loads((out / "meta.json").read_text())["num_passages"]
     report["build"] = {"passages": passages, "seconds": seconds, "passages_per_s": round(passages / seconds, 1)}
     print(f"{'build':28s} {json.dumps(report['build'])}", flush=True)
@@ -58,7 +58,7 @@ def cpu_reference(index_dir: Path, questions: list[str], gold: dict, report: dic
     store, embeddings = CorpusStore(index_dir / "corpus"), np.load(index_dir / EMBEDDINGS_FILE)
     sample = np.linspace(0, len(store) - 1, min(512, len(store))).astype(int)
     cosine = np.sum(encoder.encode_passages([store.contents(int(i)) for i in sample]) * embeddings[sample], axis=1)
-    top = np.argsort(-(encoder.encode_queries(questions) @ embeddings.T), axis=1)[:, : bench.TOPK]
+    top = np.argsort(-(encoder.encode_queries(questions) @ embeddings.T), axis=1)[:, : shared.TOPK]
     found = [{store.doc_id(int(r)) for r in rows} for rows in top]
     recall = np.mean([len(ids & set(gold[q])) / len(gold[q]) for q, ids in zip(questions, found, strict=True)])
     report["cpu_fp32_reference"] = {
@@ -71,14 +71,14 @@ def cpu_reference(index_dir: Path, questions: list[str], gold: dict, report: dic
 
 def serve(args: argparse.Namespace, index_dir: Path, questions: list[str], gold: dict, report: dict) -> None:
     servers = {
-        "naive": bench.naive(index_dir, args.threads),
-        "ours": bench.ours(index_dir, args.threads, "--device", args.device, "--cache-size", "0"),
+        "naive": shared.naive(index_dir, args.threads),
+        "ours": shared.ours(index_dir, args.threads, "--device", args.device, "--cache-size", "0"),
     }
     try:
-        bench.levels(servers, questions, gold, report)
+        shared.levels(servers, questions, gold, report)
         servers["ours"].stop()
-        servers["ours"] = bench.ours(index_dir, args.threads, "--device", args.device)
-        bench.rollout(servers, questions[: args.rollout_questions], report)
+        servers["ours"] = shared.ours(index_dir, args.threads, "--device", args.device)
+        shared.rollout(servers, questions[: args.rollout_questions], report)
     finally:
         for server in servers.values():
             server.stop()
@@ -196,9 +196,9 @@ def main() -> None:
     parser.add_argument("--dim", type=int, default=768)
     parser.add_argument("--work-dir", type=Path, default=Path(tempfile.gettempdir()) / "dense_gpu_bench")
     args = parser.parse_args()
-    args.model = args.model or bench.minilm_dir()
+    args.model = args.model or shared.minilm_dir()
     args.work_dir.mkdir(parents=True, exist_ok=True)
-    multihop = bench.read_jsonl(bench.REPO / "data" / "qa_multihop.jsonl")
+    multihop = shared.read_jsonl(shared.REPO / "data" / "qa_multihop.jsonl")
     questions = [q["question"] for q in multihop][: args.questions]
     gold = {q["question"]: q["supporting_ids"] for q in multihop}
     report: dict = {"device": torch.cuda.get_device_name() if args.device.startswith("cuda") else args.device}

@@ -26,7 +26,7 @@ import time
 from pathlib import Path
 
 import yaml
-from rollout_backends import watch_peak_rss
+from shared import watch_peak_rss
 
 ROOT = Path(__file__).resolve().parent.parent
 RUN = ROOT / "recipes" / "cpu" / "run.sh"

@@ -25,7 +25,7 @@ import json
 import re
 from pathlib import Path
 
-from memagent_examples.learn_codes.task import Door
+from memagent_examples.doors import Door
 
 #: (row length, segment position, copy position): near and far copies, early and late in a row
 COPY_PROBES = ((128, 20, 60), (128, 10, 110), (512, 50, 450), (1024, 100, 950), (1024, 900, 1000))

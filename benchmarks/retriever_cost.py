@@ -48,11 +48,11 @@ import time
 from pathlib import Path
 
 import numpy as np
+from shared import REPO, drive, minilm_dir
+
+from memagent_examples.retriever_process import ServerProcess, build_command, serve_command, status_kb, with_descendants
 
 BENCHMARKS = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCHMARKS))
-from retriever_bench import REPO, drive  # noqa: E402
-from retriever_process import ServerProcess, _status_kb, _with_descendants, build_command, serve_command  # noqa: E402
 
 WIKI18_PASSAGES = 21_015_324
 WORDS, TITLE_WORDS, VOCAB, ZIPF = 100, 2, 200_000, 1.0
@@ -93,8 +93,6 @@ def wiki_like_corpus(path: Path, size: int, chunk: int = 100_000) -> list[tuple[
 def e5_width_encoder(out: Path) -> Path:
     """One BERT-base layer with random weights (768 wide, as e5-base-v2) and bert-base-uncased's
     tokenizer (MiniLM's)."""
-    from retriever_bench import minilm_dir
-
     if (out / "config.json").is_file():
         return out
     import torch
@@ -139,9 +137,9 @@ def timed_child(command: list[str]) -> tuple[float, dict]:
 
     def sample() -> None:
         while not sampling.wait(0.1):
-            pids = _with_descendants(process.pid)
+            pids = with_descendants(process.pid)
             for name, field in (("rss_gb", "VmRSS"), ("anon_gb", "RssAnon")):
-                peak[name] = max(peak[name], sum(_status_kb(pid, field) for pid in pids) / 2**20)
+                peak[name] = max(peak[name], sum(status_kb(pid, field) for pid in pids) / 2**20)
 
     sampler = threading.Thread(target=sample, daemon=True)
     sampler.start()
@@ -157,7 +155,7 @@ def timed_child(command: list[str]) -> tuple[float, dict]:
 def memory_gb(pid: int) -> dict:
     """smaps_rollup of `pid` and its descendants, summed: resident and proportional, anonymous and file-backed."""
     fields: dict[str, int] = {}
-    for process in _with_descendants(pid):
+    for process in with_descendants(pid):
         try:
             lines = Path(f"/proc/{process}/smaps_rollup").read_text().splitlines()
         except OSError:

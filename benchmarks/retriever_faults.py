@@ -34,8 +34,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import collections
-import contextlib
-import http.client
 import json
 import multiprocessing
 import os
@@ -43,21 +41,18 @@ import re
 import signal
 import sys
 import tempfile
-import threading
 import time
 import urllib.request
 from pathlib import Path
 
 import aiohttp
 import numpy as np
+from faults import Killer, big_answer_request, poll_health, slow_readers, slowloris
+from shared import REPO, TOPK, build, dense_subset, minilm_dir, read_jsonl
 
-BENCHMARKS = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCHMARKS))
-from retriever_bench import REPO, build, dense_subset, minilm_dir, read_jsonl  # noqa: E402
-from retriever_process import ServerProcess, serve_command  # noqa: E402  (retriever_bench puts tests/ on the path)
+from memagent_examples.retriever_process import ServerProcess, serve_command
+from verl_memagent.search.endpoint import retriever_health
 
-TOPK = 3
-CRASH_WINDOW_S = 10.0  # the server's default --crash-window-s
 RESTARTED = re.compile(r" restarted \(pid \d+\) in ([\d.]+) s")  # the server's log line of a restart
 PROMPTS, SAMPLES = 512, 5  # Search-R1's train_grpo.sh: one request per turn of 512 x 5 queries
 SINGLE_CONNECTIONS = 256
@@ -143,98 +138,8 @@ async def turn(url: str, queries: Queries) -> dict:
     return {"batch": batch, "singles": single}
 
 
-# ---------------------------------------------------------------- misbehaving clients
-
-
-def big_answer_request(port: int, queries: list[str]) -> bytes:
-    body = json.dumps({"queries": queries, "topk": 50, "return_scores": True}).encode()
-    head = f"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1:{port}\r\nContent-Type: application/json\r\n"
-    return f"{head}Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode() + body
-
-
-async def slow_readers(port: int, request: bytes, count: int, stop: asyncio.Event) -> None:
-    """`count` clients that send `request` and never read the answer, until `stop`."""
-    writers = []
-    for _ in range(count):
-        _, writer = await asyncio.open_connection("127.0.0.1", port)
-        writer.write(request)
-        writers.append(writer)
-    await stop.wait()
-    for writer in writers:
-        writer.close()
-
-
-async def slowloris(port: int, count: int, stop: asyncio.Event, closed: list[int]) -> None:
-    """`count` connections sending a head a byte every 0.5 s; each closed by the server is opened again."""
-    head = b"POST /retrieve HTTP/1.1\r\nHost: 127.0.0.1\r\nContent-Type: application/json\r\nX-Pad: " + b"p" * 200
-
-    async def one() -> None:
-        while not stop.is_set():
-            reader, writer = await asyncio.open_connection("127.0.0.1", port)
-            with contextlib.suppress(ConnectionError):
-                for byte in head:
-                    if stop.is_set():
-                        break
-                    writer.write(bytes([byte]))
-                    await writer.drain()
-                    with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(reader.read(65536), 0.5)  # the server's 408, or its close
-                        closed[0] += 1
-                        break
-            writer.close()
-
-    await asyncio.gather(*(one() for _ in range(count)))
-
-
-# ---------------------------------------------------------------- observers
-
-
-def poll_health(port: int, stop, out) -> None:
-    """(monotonic time, latency s, status or 0 for a failure) of GET /health every 20 ms, until `stop`."""
-    samples, connection = [], None
-    while not stop.is_set():
-        asked = time.monotonic()
-        try:
-            connection = connection or http.client.HTTPConnection("127.0.0.1", port, timeout=30)
-            connection.request("GET", "/health")
-            response = connection.getresponse()
-            response.read()
-            status = response.status
-        except (OSError, http.client.HTTPException):
-            status, connection = 0, None
-        samples.append((asked, time.monotonic() - asked, status))
-        time.sleep(max(0.0, 0.02 - (time.monotonic() - asked)))
-    out.put(samples)
-
-
-class Killer(threading.Thread):
-    """Every `every_s`, SIGKILL one search process while another is live too, `most` times or until `stop`. The
-    server's first processes may die at any time; a restarted one only once it has been live longer
-    than the crash window (sooner, the server stops: a crash loop, as it should)."""
-
-    def __init__(self, server: ServerProcess, every_s: float, most: int):
-        super().__init__(daemon=True)
-        self.server, self.every_s, self.most = server, every_s, most
-        self.stop, self.kills = threading.Event(), 0
-        self._live_since = dict.fromkeys(server.search_pids(), -float("inf"))
-
-    def run(self) -> None:
-        while self.kills < self.most and not self.stop.wait(self.every_s):
-            with urllib.request.urlopen(f"{self.server.url}/health", timeout=30) as response:
-                live = json.loads(response.read())["search_processes_live"]
-            pids, now = self.server.search_pids(), time.monotonic()
-            if live == len(pids):  # all live: those not seen live before are live from now (or earlier)
-                for pid in pids:
-                    self._live_since.setdefault(pid, now)
-            ready = [pid for pid in pids if now - self._live_since.get(pid, now) > CRASH_WINDOW_S + 1]
-            if live >= 2 and ready:
-                os.kill(ready[0], signal.SIGKILL)
-                self.kills += 1
-
-
 def whole(server: ServerProcess) -> bool:
-    with urllib.request.urlopen(f"{server.url}/health", timeout=30) as response:
-        return json.loads(response.read())["status"] == "ready"
+    return retriever_health(server.url, 30)["status"] == "ready"
 
 
 def counters(server: ServerProcess) -> dict:
@@ -275,48 +180,12 @@ def run_kind(index_dir: Path, args: argparse.Namespace, report: dict, kind: str)
                 f"{kind} {name:6s} {json.dumps({k: v for k, v in phases[name].items() if k != 'window'})}", flush=True
             )
 
-        async def idle() -> dict:
-            await asyncio.sleep(5)
-            return {}
-
         phase("idle", idle)
         phase("turn", lambda: turn(server.url, queries))
-
-        async def kills() -> dict:
-            killer, rounds = Killer(server, args.kill_every, args.kills), []
-            killer.start()
-            deadline = time.monotonic() + args.kill_phase_max_s
-            try:
-                while time.monotonic() < deadline and (killer.kills < args.kills or not whole(server)):
-                    rounds.append(await turn(server.url, queries))
-            finally:
-                killer.stop.set()
-                killer.join()
-            return {"rounds": rounds, "kills": killer.kills}
-
-        phase("kills", kills)
-
-        async def beside_misbehaving(work) -> dict:
-            stop, closed = asyncio.Event(), [0]
-            misbehaving = [
-                asyncio.create_task(
-                    slow_readers(port, big_answer_request(port, queries.take(1024)), args.slow_readers, stop)
-                ),
-                asyncio.create_task(slowloris(port, args.slowloris, stop, closed)),
-            ]
-            await asyncio.sleep(2)  # the slow readers' answers fill their buffers
-            try:
-                result = await work()
-            finally:
-                stop.set()
-                await asyncio.gather(*misbehaving)
-            return {**result, "slowloris_closed": closed[0]}
-
-        async def large() -> dict:
-            return {"large": await one_request(server.url, queries.take(16_384))}
-
-        phase("slow", lambda: beside_misbehaving(large))
-        phase("slow_turn", lambda: beside_misbehaving(lambda: turn(server.url, queries)))
+        phase("kills", lambda: turns_while_killing(server, queries, args))
+        large = lambda: one_request(server.url, queries.take(16_384))  # noqa: E731
+        phase("slow", lambda: beside_misbehaving(port, queries, args, large, "large"))
+        phase("slow_turn", lambda: beside_misbehaving(port, queries, args, lambda: turn(server.url, queries)))
         time.sleep(2)  # the stalled answers are let go
         rss_end = server.rss_mb()
     finally:
@@ -324,11 +193,61 @@ def run_kind(index_dir: Path, args: argparse.Namespace, report: dict, kind: str)
         samples = health_samples.get(timeout=60) if poller.is_alive() else []
         poller.join(timeout=30)
         server.stop()
-    log = server.log.read_text().splitlines()
     for result in phases.values():
         start, end = result.pop("window")
         result["health"] = health_figures([s for s in samples if start <= s[0] <= end])
-    report[kind] = {
+    report[kind] = kind_report(server, phases, rss_start, rss_end)
+    for name, result in phases.items():
+        print(f"{kind} {name:6s} /health {json.dumps(result['health'])}", flush=True)
+    counts = report[kind]
+    print(
+        f"{kind} rss {rss_start} -> {rss_end} MB; log: {counts['log_deaths']} deaths, "
+        f"{len(counts['restart_s'])} restarts (seconds {counts['restart_s']}), {counts['log_tracebacks']} tracebacks, "
+        f"{counts['log_leaked_semaphores']} leaked-semaphore warnings",
+        flush=True,
+    )
+
+
+async def idle() -> dict:
+    """/health alone for 5 s: the machine's own floor for the /health figures."""
+    await asyncio.sleep(5)
+    return {}
+
+
+async def turns_while_killing(server: ServerProcess, queries: Queries, args: argparse.Namespace) -> dict:
+    """Turns back to back while `Killer` kills search processes, until its kills are done and the pool is whole."""
+    killer, rounds = Killer(server, args.kill_every, args.kills), []
+    killer.start()
+    deadline = time.monotonic() + args.kill_phase_max_s
+    try:
+        while time.monotonic() < deadline and (killer.kills < args.kills or not whole(server)):
+            rounds.append(await turn(server.url, queries))
+    finally:
+        killer.stop.set()
+        killer.join()
+    return {"rounds": rounds, "kills": killer.kills}
+
+
+async def beside_misbehaving(port: int, queries: Queries, args: argparse.Namespace, work, key: str = "") -> dict:
+    """`work()` (under `key`, if given) while slow readers and slowloris connections hold the server."""
+    stop, closed = asyncio.Event(), [0]
+    misbehaving = [
+        asyncio.create_task(slow_readers(port, big_answer_request(port, queries.take(1024)), args.slow_readers, stop)),
+        asyncio.create_task(slowloris(port, args.slowloris, stop, closed)),
+    ]
+    await asyncio.sleep(2)  # the slow readers' answers fill their buffers
+    try:
+        result = await work()
+    finally:
+        stop.set()
+        await asyncio.gather(*misbehaving)
+    return {**({key: result} if key else result), "slowloris_closed": closed[0]}
+
+
+def kind_report(server: ServerProcess, phases: dict, rss_start: float, rss_end: float) -> dict:
+    """The phases, the server's memory at the start and end, and what its log tells of deaths and restarts."""
+    log = server.log.read_text().splitlines()
+    return {
         "phases": phases,
         "rss_mb_start": rss_start,
         "rss_mb_end": rss_end,
@@ -337,15 +256,6 @@ def run_kind(index_dir: Path, args: argparse.Namespace, report: dict, kind: str)
         "log_tracebacks": sum("Traceback" in line for line in log),
         "log_leaked_semaphores": sum("leaked semaphore" in line for line in log),
     }
-    counts = report[kind]
-    for name, result in phases.items():
-        print(f"{kind} {name:6s} /health {json.dumps(result['health'])}", flush=True)
-    print(
-        f"{kind} rss {rss_start} -> {rss_end} MB; log: {counts['log_deaths']} deaths, "
-        f"{len(counts['restart_s'])} restarts (seconds {counts['restart_s']}), {counts['log_tracebacks']} tracebacks, "
-        f"{counts['log_leaked_semaphores']} leaked-semaphore warnings",
-        flush=True,
-    )
 
 
 def health_figures(samples: list[tuple[float, float, int]]) -> dict:

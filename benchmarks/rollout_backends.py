@@ -17,47 +17,13 @@ import os
 import statistics
 import subprocess
 import tempfile
-import threading
 import time
-from collections.abc import Callable
 from pathlib import Path
 
-import psutil
+from shared import REPO, watch_peak_rss
 
-RUN = Path(__file__).resolve().parent.parent / "recipes" / "cpu" / "run.sh"
+RUN = REPO / "recipes" / "cpu" / "run.sh"
 BACKENDS = ("hf", "vllm")
-
-
-def tree_rss(root: psutil.Process) -> int:
-    """Resident bytes of a process and all its descendants (those that vanish mid-count count 0)."""
-    total = 0
-    for process in [root, *root.children(recursive=True)]:
-        try:
-            total += process.memory_info().rss
-        except psutil.Error:
-            pass
-    return total
-
-
-def watch_peak_rss(process: subprocess.Popen) -> Callable[[], int]:
-    """Sample the resident memory of `process` and its descendants every 0.2 s while it runs; the returned
-    function waits for the process to end and gives the peak, in bytes."""
-    peak, root = 0, psutil.Process(process.pid)
-
-    def sample() -> None:
-        nonlocal peak
-        while process.poll() is None:
-            peak = max(peak, tree_rss(root))
-            time.sleep(0.2)
-
-    sampler = threading.Thread(target=sample, daemon=True)
-    sampler.start()
-
-    def result() -> int:
-        sampler.join()
-        return peak
-
-    return result
 
 
 def run_backend(backend: str, agent: str, steps: int, work: Path, cache: Path, extra: list[str]) -> dict:

@@ -38,29 +38,20 @@ import time
 import uuid
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+import ray
+import transfer_queue as tq
+from shared import REPO, build_loop, check_trajectory, load_questions, script, start_retriever
+from transfer_queue import KVBatchMeta
+from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 
-import ray  # noqa: E402
-import transfer_queue as tq  # noqa: E402
-from transfer_queue import KVBatchMeta  # noqa: E402
-from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ  # noqa: E402
-
-from benchmarks.context_tokens import (  # noqa: E402
-    build_loop,
-    check_trajectory,
-    load_questions,
-    script,
-    start_retriever,
-)
-from memagent_examples.model_format import ModelFormat  # noqa: E402
-from memagent_examples.scripted import ScriptedPolicy  # noqa: E402
-from verl_memagent.agent import verl_sampling_params, verl_trainer_config  # noqa: E402
-from verl_memagent.algo.agent_metrics import agent_metrics  # noqa: E402
-from verl_memagent.algo.trainer import MultiContextTrainerSync  # noqa: E402
-from verl_memagent.algo.trajectory_records import TrajectoryRecorder, TrajectoryRecordsConfig  # noqa: E402
-from verl_memagent.output_fields import OutputField  # noqa: E402
-from verl_memagent.trajectories.files import read_records, records_path, write_records  # noqa: E402
+from memagent_examples.model_format import ModelFormat
+from memagent_examples.scripted import ScriptedPolicy
+from verl_memagent.agent import verl_sampling_params, verl_trainer_config, verl_worker_row
+from verl_memagent.algo.agent_metrics import agent_metrics
+from verl_memagent.algo.trainer import MultiContextTrainerSync
+from verl_memagent.algo.trajectory_records import TrajectoryRecorder, TrajectoryRecordsConfig
+from verl_memagent.output_fields import OutputField
+from verl_memagent.trajectories.files import read_records, records_path, write_records
 
 ADDED_FIELDS = ("turn_log", "question")
 
@@ -74,8 +65,7 @@ async def play(questions, passages, turns: int, tokenizer, url: str) -> list[tup
     for question in questions:
         policy = ScriptedPolicy(tokenizer, script(model, question, passages, turns))
         loop = build_loop("memsearcher", config, policy, tokenizer, "qwen2", settings)
-        row = {"raw_prompt": [{"role": "user", "content": question["question"]}], "extra_info": {}}
-        outputs = await loop.run(verl_sampling_params(), **row)
+        outputs = await loop.run(verl_sampling_params(), **verl_worker_row(question["question"]))
         check_trajectory("memsearcher", outputs, policy, turns)
         played.append((question, outputs))
     return played
@@ -171,29 +161,10 @@ def page_cost(records, count: int, workdir: Path) -> dict:
     return result
 
 
-def main(argv: list[str] | None = None) -> dict:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--questions", type=int, default=256)
-    parser.add_argument("--rollouts", type=int, default=5)
-    parser.add_argument("--turns", type=int, default=5)
-    parser.add_argument("--distinct", type=int, default=8, help="distinct trajectories played, reused over the batch")
-    parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--page-records", type=int, default=2000)
-    args = parser.parse_args(argv)
-
-    from transformers import AutoTokenizer
-
-    from verl_memagent.tiny_model import save_tiny_model
-
-    workdir = Path(tempfile.mkdtemp(prefix="trajectory_records_"))
-    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(workdir / "model"))
-    questions, passages = load_questions(REPO / "data", args.distinct)
-    retriever = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
-    try:
-        played = asyncio.run(play(questions, passages, args.turns, tokenizer, retriever.url))
-    finally:
-        retriever.stop()
-
+def step_costs(played, args: argparse.Namespace, tokenizer, workdir: Path) -> tuple[int, list[dict], dict, list]:
+    """A step's batch of the played trajectories in TransferQueue (a local Ray), then what each piece costs on
+    it: the advantage step, the agent metrics and the records at 16 and 64 trajectories a step. Returns the
+    batch's samples, their extra_fields, the costs and the records written last."""
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     tq.init()
     try:
@@ -224,7 +195,39 @@ def main(argv: list[str] | None = None) -> dict:
         tq.close()
         ray.shutdown()
 
-    samples = len(batch.keys)
+    return (
+        len(batch.keys),
+        fields,
+        {"advantage_ms": advantage_ms, "metrics_ms": metrics_ms, "records": records},
+        written,
+    )
+
+
+def main(argv: list[str] | None = None) -> dict:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--questions", type=int, default=256)
+    parser.add_argument("--rollouts", type=int, default=5)
+    parser.add_argument("--turns", type=int, default=5)
+    parser.add_argument("--distinct", type=int, default=8, help="distinct trajectories played, reused over the batch")
+    parser.add_argument("--repeats", type=int, default=5)
+    parser.add_argument("--page-records", type=int, default=2000)
+    args = parser.parse_args(argv)
+
+    from transformers import AutoTokenizer
+
+    from verl_memagent.tiny_model import save_tiny_model
+
+    workdir = Path(tempfile.mkdtemp(prefix="trajectory_records_"))
+    tokenizer = AutoTokenizer.from_pretrained(save_tiny_model(workdir / "model"))
+    questions, passages = load_questions(REPO / "data", args.distinct)
+    retriever = start_retriever(REPO / "data" / "corpus.jsonl", workdir)
+    try:
+        played = asyncio.run(play(questions, passages, args.turns, tokenizer, retriever.url))
+    finally:
+        retriever.stop()
+
+    samples, fields, costs, written = step_costs(played, args, tokenizer, workdir)
+    advantage_ms, metrics_ms, records = costs["advantage_ms"], costs["metrics_ms"], costs["records"]
     agent = agent_fields_cost(fields)
     page = page_cost(written, args.page_records, workdir)
     shutil.rmtree(workdir, ignore_errors=True)

@@ -21,13 +21,10 @@ import sys
 import tempfile
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "tests"))  # the launcher the tests start servers with
+from shared import REPO
 
-from retriever_process import ServerProcess, serve_command  # noqa: E402
-
-from memagent_examples.learn_codes.reward_curve import eval_em  # noqa: E402
+from memagent_examples.learn_codes.reward_curve import eval_em
+from memagent_examples.retriever_process import ServerProcess, serve_command
 
 AGENT_LOOPS = REPO / "recipes" / "cpu" / "learn_codes_agent_loops.yaml"
 LENGTHS = ("--prompt-length", "512", "--response-length", "320")  # learn_codes.yaml's

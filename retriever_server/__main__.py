@@ -13,9 +13,9 @@ from retriever_server.corpus import CorpusError
 from retriever_server.errors import IndexLoadError
 from retriever_server.index import KINDS
 from retriever_server.options import (
-    QUANTIZE_CHOICES,
     DenseOptions,
     LoadOptions,
+    Quantize,
     ServerLimits,
     default_threads,
     limit_options,
@@ -25,8 +25,12 @@ from retriever_server.options import (
 def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m retriever_server", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
+    _build_options(commands.add_parser("build", help="build an index directory from a JSON-lines corpus"))
+    _serve_options(commands.add_parser("serve", help="serve an index over HTTP"))
+    return parser
 
-    build = commands.add_parser("build", help="build an index directory from a JSON-lines corpus")
+
+def _build_options(build: argparse.ArgumentParser) -> None:
     build.add_argument("--kind", choices=KINDS, required=True)
     build.add_argument(
         "--corpus", type=Path, required=True, help='JSON lines {"id","contents"} or {"id","title","text"}'
@@ -45,8 +49,9 @@ def _parser() -> argparse.ArgumentParser:
     build.add_argument("--device", help="dense: torch device for encoding (default: cuda if present)")
     build.add_argument(
         "--query-quantize",
-        default="int8",
-        choices=QUANTIZE_CHOICES,
+        type=Quantize,
+        default=Quantize.INT8,
+        choices=list(Quantize),
         help="dense: query encoder of CPU servers (int8: several times fp32 on CPUs with AVX-512 VNNI, "
         "kept only where a check finds it keeps recall on this corpus; servers on other CPUs run fp32; "
         "passages are never quantised)",
@@ -59,7 +64,8 @@ def _parser() -> argparse.ArgumentParser:
         help="seconds between progress lines when stderr is not a terminal",
     )
 
-    serve = commands.add_parser("serve", help="serve an index over HTTP")
+
+def _serve_options(serve: argparse.ArgumentParser) -> None:
     serve.add_argument("--index", type=Path, required=True)
     serve.add_argument("--host", default="127.0.0.1", help="interface to bind (default loopback only)")
     serve.add_argument("--port", type=int, default=8000, help="0 picks a free port (see --port-file)")
@@ -71,7 +77,10 @@ def _parser() -> argparse.ArgumentParser:
     serve.add_argument("--token-env", help="name of an environment variable holding a bearer token to require")
     serve.add_argument("--device", help="dense: torch device of the query encoder / torch index")
     serve.add_argument(
-        "--quantize", choices=QUANTIZE_CHOICES, help="dense: CPU query encoder, int8 or none (fp32); default: as built"
+        "--quantize",
+        type=Quantize,
+        choices=list(Quantize),
+        help="dense: CPU query encoder, int8 or none (fp32); default: as built",
     )
     serve.add_argument("--query-batch-size", type=int, help="dense: queries per forward pass (64 on CPU, 256 on GPU)")
     serve.add_argument("--nprobe", type=int, default=32, help="ivfpq: lists probed per query")
@@ -104,7 +113,6 @@ def _parser() -> argparse.ArgumentParser:
         help="a restarted search process that dies again within this stops the server",
     )
     serve.add_argument("--log-level", default="warning")
-    return parser
 
 
 def _build(args: argparse.Namespace) -> int:

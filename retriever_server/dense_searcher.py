@@ -19,6 +19,7 @@ from retriever_server.dense import (
 )
 from retriever_server.encoders import Encoder, EncoderSpec
 from retriever_server.errors import IndexLoadError
+from retriever_server.options import Quantize
 
 
 class DenseSearcher:
@@ -53,19 +54,19 @@ class DenseSearcher:
         if self._encoder.dim != self._index.dim:
             raise ValueError(f"encoder gives {self._encoder.dim}-d vectors, the index holds {self._index.dim}-d")
         self._batch_size = options.query_batch_size or (64 if self._encoder.device.type == "cpu" else 256)
-        precision = "fp16" if on_gpu else "int8" if quantize == "int8" else "fp32"
+        precision = "fp16" if on_gpu else "int8" if quantize == Quantize.INT8 else "fp32"
         self.query_encoder = {"precision": precision, "runner": self._encoder.runner, "why": why}
 
     def search(self, queries: list[str], k: int) -> tuple[np.ndarray, np.ndarray]:
         return self._index.search(self._encoder.encode_queries(queries, self._batch_size), k)
 
 
-def _query_encoder(index_dir: Path, meta: dict, quantize: str, device: str | None, on_gpu: bool) -> Encoder:
+def _query_encoder(index_dir: Path, meta: dict, quantize: Quantize, device: str | None, on_gpu: bool) -> Encoder:
     """The int8 encoder the build compiled ahead of time where it runs here, else the model loaded
     (and on CPU compiled or traced) now."""
     spec = EncoderSpec(**meta["encoder"])
     stored = meta.get("precompiled")
-    if quantize == "int8" and not on_gpu and stored is not None:
+    if quantize == Quantize.INT8 and not on_gpu and stored is not None:
         from retriever_server.precompiled import load_query_encoder, unfit
 
         reason = unfit(stored)
@@ -75,28 +76,32 @@ def _query_encoder(index_dir: Path, meta: dict, quantize: str, device: str | Non
     return Encoder(spec, device=device, quantize=quantize)
 
 
-def choose_quantize(meta: dict, asked: str | None, on_gpu: bool) -> tuple[str, str]:
-    """The query encoder's quantisation on this machine ("int8" or "none"), and why. `--quantize`
+def choose_quantize(meta: dict, asked: str | None, on_gpu: bool) -> tuple[Quantize, str]:
+    """The query encoder's quantisation on this machine, and why. `--quantize`
     (`asked`) rules; on GPU fp16; on CPU the index's `query_quantize` (int8 where its build found it
     keeps recall), except that int8 runs only where it is faster than fp32 (`quantize.int8_slow_here`):
     the serving CPU decides, whatever CPU built the index."""
     from retriever_server.quantize import int8_slow_here
 
     if asked is not None:
-        slow = int8_slow_here() if asked == "int8" and not on_gpu else None
+        asked = Quantize(asked)
+        slow = int8_slow_here() if asked == Quantize.INT8 and not on_gpu else None
         if slow is not None:
             warnings.warn(f"--quantize int8 on a CPU where int8 is slower than fp32: {slow}", stacklevel=3)
         return asked, f"--quantize {asked}"  # int8 on a GPU is refused by the encoder
     if on_gpu:
-        return "none", "on GPU: fp16"
-    built = meta.get("query_quantize", "none")
-    if built != "int8":
+        return Quantize.NONE, "on GPU: fp16"
+    built = Quantize(meta.get("query_quantize", Quantize.NONE))
+    if built != Quantize.INT8:
         lost = "int8_check" in meta  # the check ran and int8 lost recall
-        return "none", "the build's int8 check found int8 loses recall" if lost else f"built --query-quantize {built}"
+        return (
+            Quantize.NONE,
+            "the build's int8 check found int8 loses recall" if lost else f"built --query-quantize {built}",
+        )
     slow = int8_slow_here()
     if slow is not None:
-        return "none", f"int8 is slower than fp32 here: {slow}"
-    return "int8", "the build's int8 check kept recall, and this CPU runs int8 products in oneDNN (VNNI)"
+        return Quantize.NONE, f"int8 is slower than fp32 here: {slow}"
+    return Quantize.INT8, "the build's int8 check kept recall, and this CPU runs int8 products in oneDNN (VNNI)"
 
 
 def _gpu_shortfall(rows: int, dim: int) -> str | None:

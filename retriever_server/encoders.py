@@ -24,7 +24,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from retriever_server.options import QUANTIZE_CHOICES
+from retriever_server.options import Quantize
 from retriever_server.quantize import quantize_int8
 
 BGE_QUERY_INSTRUCTION = "Represent this sentence for searching relevant passages: "
@@ -94,7 +94,12 @@ class Encoder:
     """A loaded transformer that embeds queries and passages as `EncoderSpec` prescribes."""
 
     def __init__(
-        self, spec: EncoderSpec, *, device: str | None = None, quantize: str | None = None, runner: str | None = None
+        self,
+        spec: EncoderSpec,
+        *,
+        device: str | None = None,
+        quantize: Quantize | str | None = None,
+        runner: str | None = None,
     ):
         """`runner` (one of `RUNNERS`): how the model runs; by default the fastest for the device and
         quantisation (on GPU eager; on CPU compiled int8, traced fp32)."""
@@ -102,9 +107,9 @@ class Encoder:
 
         self.spec = spec
         self.device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-        if quantize not in (None, *QUANTIZE_CHOICES):
-            raise ValueError(f"quantize: expected one of {QUANTIZE_CHOICES}, got {quantize!r}")
-        if quantize == "int8" and self.device.type != "cpu":
+        if quantize is not None and quantize not in list(Quantize):
+            raise ValueError(f"quantize: expected one of {[q.value for q in Quantize]}, got {quantize!r}")
+        if quantize == Quantize.INT8 and self.device.type != "cpu":
             raise ValueError("quantize: int8 runs on CPU only (the GPU encoder runs in fp16); use --quantize none")
         tokenizer = AutoTokenizer.from_pretrained(spec.model)
         self.input_names = [name for name in tokenizer.model_input_names if name in tokenizer(["probe"])]
@@ -118,12 +123,12 @@ class Encoder:
         # transformers 5 loads a checkpoint in its stored dtype: a half-precision one would run so on CPU
         dtype = torch.float16 if self.device.type == "cuda" else torch.float32
         model = AutoModel.from_pretrained(spec.model, dtype=dtype).eval()
-        if quantize == "int8":
+        if quantize == Quantize.INT8:
             model = quantize_int8(model)
         self.model = model.to(self.device)
         self.dim = int(model.config.hidden_size)
         if runner is None:
-            runner = "eager" if self.device.type != "cpu" else "compiled" if quantize == "int8" else "traced"
+            runner = "eager" if self.device.type != "cpu" else "compiled" if quantize == Quantize.INT8 else "traced"
         self._forward, self.runner = forward_fn(self.model, tokenizer, runner=runner)
 
     @classmethod

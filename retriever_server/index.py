@@ -14,7 +14,7 @@ import numpy as np
 
 from retriever_server.corpus import CorpusError, CorpusStore, build_store
 from retriever_server.errors import IndexLoadError
-from retriever_server.options import QUANTIZE_CHOICES, DenseOptions, LoadOptions
+from retriever_server.options import DenseOptions, LoadOptions, Quantize
 from retriever_server.progress import BuildProgress
 from retriever_server.results import search_where
 
@@ -81,7 +81,7 @@ def build_phases(kind: str, dense: DenseOptions | None) -> list[str]:
         return ["corpus", "tokenize", "index"]
     if kind == "pyserini":
         return ["corpus", "lucene"]
-    check = ["int8 check", "compile"] if dense.query_quantize == "int8" else []
+    check = ["int8 check", "compile"] if dense.query_quantize == Quantize.INT8 else []
     if dense.prebuilt_faiss is not None:
         return ["corpus", *check]
     return ["corpus", "encode", *check, *(["faiss"] if dense.index_type != "torch" else [])]
@@ -93,8 +93,10 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progr
 
     if options.index_type not in INDEX_KINDS:
         raise ValueError(f"--index-type: expected one of {INDEX_KINDS}, got {options.index_type!r}")
-    if options.query_quantize not in QUANTIZE_CHOICES:
-        raise ValueError(f"--query-quantize: expected one of {QUANTIZE_CHOICES}, got {options.query_quantize!r}")
+    if options.query_quantize not in list(Quantize):
+        raise ValueError(
+            f"--query-quantize: expected one of {[q.value for q in Quantize]}, got {options.query_quantize!r}"
+        )
     spec = resolve_spec(options.encoder, options.family)
     meta = {"index_type": options.index_type, "encoder": spec.to_json()}
     if options.prebuilt_faiss is not None:
@@ -104,7 +106,7 @@ def _build_dense(store: CorpusStore, out_dir: Path, options: DenseOptions, progr
         (out_dir / FAISS_FILE).unlink(missing_ok=True)
         (out_dir / FAISS_FILE).symlink_to(Path(options.prebuilt_faiss).resolve())
         meta.update(index_type="flat", dim=prebuilt.dim, prebuilt=str(options.prebuilt_faiss))
-        if options.query_quantize == "int8":
+        if options.query_quantize == Quantize.INT8:
             try:
                 prebuilt.vectors(np.zeros(1, dtype=np.int64))
             except RuntimeError:  # e.g. IVF-PQ, which keeps codes
@@ -142,16 +144,16 @@ def _query_quantize(
 ) -> dict:
     """The meta's CPU query encoder: int8 where asked and the check finds it keeps recall
     (`int8_check.py`; its figures are stored too), compiled ahead of time for the servers
-    (`precompiled.py`) where int8 is the faster here, else fp32 ("none"). A server still runs fp32
+    (`precompiled.py`) where int8 is the faster here, else fp32 (`none`). A server still runs fp32
     where int8 is slower on its CPU (`dense_searcher.choose_quantize`)."""
-    if options.query_quantize != "int8":
-        return {"query_quantize": options.query_quantize}
+    if options.query_quantize != Quantize.INT8:
+        return {"query_quantize": Quantize(options.query_quantize).value}
     from retriever_server.int8_check import check_int8_queries
 
     with progress.phase("int8 check"):
         check = check_int8_queries(spec, store, vectors)
     if not check["kept"]:
-        return {"query_quantize": "none", "int8_check": check}
+        return {"query_quantize": Quantize.NONE.value, "int8_check": check}
     from retriever_server.precompiled import compile_query_encoder
     from retriever_server.quantize import int8_slow_here
 
@@ -164,7 +166,7 @@ def _query_quantize(
                 compiled = {"precompiled": compile_query_encoder(spec, out_dir)}
             except Exception as exc:  # servers compile at load instead, as for an index built before
                 print(f"build: the int8 query encoder was not compiled ahead of time: {type(exc).__name__}: {exc}")
-    return {"query_quantize": "int8", "int8_check": check, **compiled}
+    return {"query_quantize": Quantize.INT8.value, "int8_check": check, **compiled}
 
 
 def read_meta(index_dir: Path) -> dict:

@@ -21,6 +21,7 @@ import torch
 
 from retriever_server.corpus import CorpusStore
 from retriever_server.encoders import Encoder, EncoderSpec
+from retriever_server.options import Quantize
 
 QUERIES = 512
 POOL = 20_000  # passages searched: enough to make known items hard to find, cheap at any corpus size
@@ -46,19 +47,19 @@ def check_int8_queries(
     queries = [pseudo_query(store.contents(int(pool[i])), rng) for i in sources]
     passages = torch.from_numpy(np.ascontiguousarray(vectors(pool), dtype=np.float32))
     encoded, found = {}, {}
-    for quantize in ("none", "int8"):
+    for quantize in Quantize:
         # eager: the server's compiled int8 computes the same sums, in another order
         encoder = Encoder(spec, device="cpu", quantize=quantize, runner="eager")
         encoded[quantize] = torch.from_numpy(encoder.encode_queries(queries))
         top = torch.topk(encoded[quantize] @ passages.T, min(TOP, len(pool)), dim=1).indices.numpy()
         found[quantize] = top == sources[:, None]  # [query, rank]: the source passage at that rank
-    cosine = torch.nn.functional.cosine_similarity(encoded["none"], encoded["int8"], dim=1)
-    lost = int(found["none"].any(axis=1).sum() - found["int8"].any(axis=1).sum())
+    cosine = torch.nn.functional.cosine_similarity(encoded[Quantize.NONE], encoded[Quantize.INT8], dim=1)
+    lost = int(found[Quantize.NONE].any(axis=1).sum() - found[Quantize.INT8].any(axis=1).sum())
     return {
         "queries": len(queries),
         "pool": len(pool),
-        "recall_at_1": {name: round(float(hits[:, 0].mean()), 4) for name, hits in found.items()},
-        f"recall_at_{TOP}": {name: round(float(hits.any(axis=1).mean()), 4) for name, hits in found.items()},
+        "recall_at_1": {name.value: round(float(hits[:, 0].mean()), 4) for name, hits in found.items()},
+        f"recall_at_{TOP}": {name.value: round(float(hits.any(axis=1).mean()), 4) for name, hits in found.items()},
         "cosine_mean": round(float(cosine.mean()), 4),
         "cosine_min": round(float(cosine.min()), 4),
         "kept": lost <= max(2, round(0.01 * len(queries))),
@@ -70,6 +71,6 @@ def summary(check: dict) -> str:
     recall = check[f"recall_at_{TOP}"]
     verdict = "kept" if check["kept"] else "lost recall: CPU servers encode queries in fp32 (--quantize int8 overrides)"
     return (
-        f"int8 query encoder: known-item recall@{TOP} {recall['int8']} (fp32 {recall['none']}) on "
+        f"int8 query encoder: known-item recall@{TOP} {recall[Quantize.INT8]} (fp32 {recall[Quantize.NONE]}) on "
         f"{check['queries']} pseudo-queries, cosine to fp32 {check['cosine_mean']}: {verdict}"
     )

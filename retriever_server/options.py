@@ -5,9 +5,19 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field, fields
+from enum import Enum
 from pathlib import Path
 
-QUANTIZE_CHOICES = ("none", "int8")  # how a CPU server runs the query encoder: fp32, or int8 (quantize.py)
+
+class Quantize(str, Enum):
+    """How a CPU server runs the query encoder: `none` (fp32) or `int8` (quantize.py). The values of
+    `--quantize`, `--query-quantize` and the index meta's `query_quantize`."""
+
+    NONE = "none"
+    INT8 = "int8"
+
+    def __str__(self) -> str:
+        return self.value
 
 
 @dataclass
@@ -20,7 +30,7 @@ class DenseOptions:
     prebuilt_faiss: Path | None = None
     batch_size: int = 64
     device: str | None = None
-    query_quantize: str = "int8"  # how a CPU server runs the query encoder (meta `query_quantize`)
+    query_quantize: Quantize = Quantize.INT8  # how a CPU server runs the query encoder (meta `query_quantize`)
 
 
 @dataclass
@@ -28,7 +38,7 @@ class LoadOptions:
     """Serve-time options: where to run the encoder and how hard approximate indexes search."""
 
     device: str | None = None
-    quantize: str | None = None  # None: as the index's meta says ("none" for indexes built before it did)
+    quantize: Quantize | None = None  # None: as the index's meta says (none for indexes built before it did)
     query_batch_size: int | None = None  # None: 64 on CPU (fastest per query there), 256 on GPU
     nprobe: int = 32
     ef_search: int = 128

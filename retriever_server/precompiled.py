@@ -39,6 +39,7 @@ from retriever_server.encoders import (
     LastHiddenState,
     close_enough,
 )
+from retriever_server.options import Quantize
 from retriever_server.quantize import cpu_flags, int8_matmul
 
 DIRECTORY = "query_encoder"  # in the index directory
@@ -74,7 +75,7 @@ def compile_query_encoder(spec: EncoderSpec, index_dir: Path) -> dict:
 
 
 def _compile_into(spec: EncoderSpec, out: Path) -> dict:
-    encoder = Encoder(spec, device="cpu", quantize="int8", runner="eager")
+    encoder = Encoder(spec, device="cpu", quantize=Quantize.INT8, runner="eager")
     if not getattr(encoder.tokenizer, "is_fast", False):
         raise ValueError(f"{spec.model} has no fast tokenizer (a `tokenizers` file) to store")
     encoder.tokenizer.backend_tokenizer.save(str(out / TOKENIZER_FILE))

@@ -9,7 +9,7 @@ The integer products run in `torch._int_mm`, exact in int32.
 int8 is faster than fp32 only where `torch._int_mm` runs oneDNN's kernels: torch hands it to oneDNN
 where cpuinfo finds AVX-512 VNNI (and oneDNN is on), and elsewhere (AVX2 CPUs: Zen 2 and 3, Haswell
 to Skylake client, Alder Lake) runs a reference loop, with which the int8 encoder answered 20-40x
-fewer queries/s than fp32 (`benchmarks/RESULTS.md`, "Retriever", "On AVX2 and on AVX-512").
+fewer queries/s than fp32 (`benchmarks/RESULTS.md`, "Retriever").
 `int8_slow_here` tells which.
 """
 

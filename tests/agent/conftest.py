@@ -19,19 +19,12 @@ def own_retriever(retriever_server, bm25_index_dir):
 @pytest.fixture
 def run_agent(trainer_config, tokenizer, retriever_url):
     """Build an agent loop the way verl's worker does (hydra, verl's config) and run it on one row."""
-    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params
+    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params, verl_worker_row
 
     async def run(name, policy, question=QUESTION, **settings):
         settings.setdefault("retriever_urls", retriever_url)
         loop = instantiate_agent_loop(name, trainer_config, policy, tokenizer, hf_model_type="qwen2", **settings)
-        row = {
-            "raw_prompt": [{"role": "user", "content": question}],
-            "extra_info": {"question": question},
-            "data_source": "test",
-            "uid": "uid-0",
-            "session_id": 0,
-            "global_steps": 1,
-        }
+        row = verl_worker_row(question, data_source="test", uid="uid-0", session_id=0, global_steps=1)
         return await loop.run(verl_sampling_params(), **row)
 
     return run
@@ -61,7 +54,7 @@ def qwen_tokenizer(tiny_model_dir):
 @pytest.fixture
 def run_released(trainer_config, qwen_tokenizer, retriever_url):
     """`run_agent` on the Qwen2.5 chat template, with the agent's default (released) settings."""
-    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params
+    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params, verl_worker_row
 
     async def run(name, policy, question, **settings):
         loop = instantiate_agent_loop(
@@ -73,8 +66,7 @@ def run_released(trainer_config, qwen_tokenizer, retriever_url):
             retriever_urls=retriever_url,
             **settings,
         )
-        row = {"raw_prompt": [{"role": "user", "content": question}], "extra_info": {"question": question}}
-        return await loop.run(verl_sampling_params(), **row)
+        return await loop.run(verl_sampling_params(), **verl_worker_row(question))
 
     return run
 

@@ -5,8 +5,8 @@ from omegaconf import OmegaConf
 
 from memagent_examples.scripted import ScriptedPolicy
 from verl_memagent.agent import instantiate_agent_loop
+from verl_memagent.agent.rendering import _shared_turn_close_ids
 from verl_memagent.agent.settings import ByValue
-from verl_memagent.agent.turns import _shared_turn_close_ids
 
 
 def build(trainer_config, tokenizer, name="memsearcher", **settings):

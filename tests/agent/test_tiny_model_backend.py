@@ -77,7 +77,7 @@ async def test_a_sampling_seed_makes_a_rollout_independent_of_batching_and_resta
 ):
     from agent_helpers import QUESTION
 
-    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params
+    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params, verl_worker_row
 
     async def play(session: int, seed: int | None) -> list[list[int]]:
         recording = Recording(engine)
@@ -92,8 +92,8 @@ async def test_a_sampling_seed_makes_a_rollout_independent_of_batching_and_resta
             max_turns=2,
             sampling_seed=seed,
         )
-        row = {"raw_prompt": [{"role": "user", "content": QUESTION}], "extra_info": {"question": QUESTION, "index": 3}}
-        await loop.run(verl_sampling_params(), **row, data_source="test", session_id=session, global_steps=5)
+        row = verl_worker_row(QUESTION, {"index": 3}, data_source="test", session_id=session, global_steps=5)
+        await loop.run(verl_sampling_params(), **row)
         # the first call's tokens: later calls also depend on what the retriever answered (on time or not)
         return recording.calls[0]["token_ids"]
 

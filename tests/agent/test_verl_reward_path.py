@@ -6,6 +6,7 @@ import pytest
 from omegaconf import OmegaConf
 
 from memagent_examples.scripted import ScriptedPolicy
+from verl_memagent.agent import verl_worker_row
 
 SEARCH = '<think>t</think><tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leda river"}}</tool_call>'
 MEMORY = "<memory>Leer lies on the river Leda.</memory>"
@@ -36,8 +37,7 @@ async def score_with_verl(config, tokenizer, outputs, function_name, ground_trut
     row = {
         "data_source": "hotpotqa",
         "reward_model": {"style": "rule", "ground_truth": ground_truth},
-        "extra_info": {},
-        "raw_prompt": [{"role": "user", "content": "q"}],
+        **verl_worker_row("q"),
     }
     await worker._compute_score(outputs, kwargs=row)
     return outputs[-1]

@@ -31,7 +31,7 @@ from verl.trainer.ppo.v1.agent_loop_tq import AgentLoopWorkerTQ
 from verl.trainer.ppo.v1.replay_buffer import ReplayBufferAsync
 
 from memagent_examples.scripted import ScriptedPolicy, agent_texts
-from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params, verl_trainer_config
+from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params, verl_trainer_config, verl_worker_row
 from verl_memagent.algo.trainer import MultiContextTrainerSeparateAsync
 from verl_memagent.reward.scores import f1_with_format
 
@@ -143,8 +143,7 @@ def dispatch(uid: str, step: int, index: int) -> dict:
         "global_steps": step,
         "index": index,
         "agent_name": GROUPS[uid][1][0][0],
-        "raw_prompt": [{"role": "user", "content": QUESTION}],
-        "extra_info": {"question": QUESTION, "index": index},
+        **verl_worker_row(QUESTION, {"index": index}),
         "reward_model": {"ground_truth": GOLDEN},
         "data_source": "leda",
     }

@@ -23,9 +23,9 @@ from verl.utils import tensordict_utils as tu
 
 from verl_memagent.algo.config import MultiContextConfig
 from verl_memagent.algo.estimators import TrajectoryLayout
-from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids, check_checkpoint_engine
+from verl_memagent.algo.trainer import MultiContextTrainerSync, check_agent_ids
 from verl_memagent.algo.update_steps import NonFiniteUpdateError
-from verl_memagent.cpu import GLOO_BACKEND_MODULE
+from verl_memagent.cpu import GLOO_BACKEND_MODULE, check_checkpoint_engine
 
 
 def verl_config(*overrides: str):

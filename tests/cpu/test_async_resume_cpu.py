@@ -28,9 +28,10 @@ from pathlib import Path
 import pandas as pd
 import pytest
 from gpu_recipes import finish, kill_run, launch, metrics, prepare_data, recipe_env, scripted_loops, trained_rows
-from vllm_cpu import SEPARATE_ASYNC_ONE_REPLICA, require_vllm_cpu
+from vllm_cpu import require_vllm_cpu
 
 from memagent_examples.scripted import ScriptedAgentLoop
+from verl_memagent.cpu import SEPARATE_ASYNC_ONE_REPLICA
 from verl_memagent.trajectories.files import read_records
 
 # verl's main_ppo runs on CPU twice, each with a vLLM-CPU engine (which took 9 minutes to start on a loaded machine)

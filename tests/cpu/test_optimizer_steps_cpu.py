@@ -51,7 +51,8 @@ def taught_model(tiny_model_dir: Path, out: Path, loops_yaml: Path, retriever_ur
     """The tiny model after supervised steps on the loop's own samples of search, rewrite, answer."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    from memagent_examples.learn_codes.warm_start import scripted_samples, supervised_steps
+    from memagent_examples.training import supervised_steps
+    from memagent_examples.warm_start import scripted_samples
 
     tokenizer = AutoTokenizer.from_pretrained(tiny_model_dir)
     model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)

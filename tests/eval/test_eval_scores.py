@@ -17,7 +17,7 @@ from verl_memagent.data.compose import compose_multi_objective, to_verl_rows
 from verl_memagent.data.flashrag import QARecord
 from verl_memagent.eval.cli import agent_settings
 from verl_memagent.eval.records import contains_answer, score
-from verl_memagent.eval.runner import evaluate
+from verl_memagent.eval.runner import EvalPlan, evaluate
 
 RECORD = QARecord("q1", "What occupation was shared by David Yates and Pietro Germi?", ("director",), "multihop")
 RECORD2 = QARecord("q2", "In which country was Pietro Germi born?", ("Italy",), "multihop")
@@ -38,17 +38,14 @@ SCRIPTS = {
 
 async def evaluate_one(agent: str, policy, tokenizer, retriever_url: str, out, row: dict | None = None) -> dict:
     """`evaluate()` of one agent on one row (default: RECORD's), greedy as verl validates."""
-    return await evaluate(
-        policy,
-        tokenizer,
+    plan = EvalPlan(
         [agent],
-        {"multihop": [row or to_verl_rows([RECORD], agent, "test")[0]]},
-        out,
-        settings=agent_settings([agent], [], retriever_urls=retriever_url, max_turns=3, topk=2),
-        sampling_params=verl_sampling_params(temperature=0.0, logprobs=False),
-        trainer_config=verl_trainer_config(prompt_length=4096, response_length=4096),
+        agent_settings([agent], [], retriever_urls=retriever_url, max_turns=3, topk=2),
+        verl_sampling_params(temperature=0.0, logprobs=False),
+        verl_trainer_config(prompt_length=4096, response_length=4096),
         concurrency=1,
     )
+    return await evaluate(policy, tokenizer, {"multihop": [row or to_verl_rows([RECORD], agent, "test")[0]]}, out, plan)
 
 
 @pytest.mark.parametrize("agent", sorted(SCRIPTS))

@@ -1,4 +1,5 @@
-"""`memagent_examples.composed_doors`: the composed password task, its door sets and each agent's demonstrations."""
+"""`memagent_examples.composed_doors`: the composed password task, its door sets, each agent's demonstrations and
+warm start, and the shipped starts' records."""
 
 from __future__ import annotations
 
@@ -9,29 +10,33 @@ from pathlib import Path
 
 import pytest
 import torch
-from retriever_process import build_command
 
-from memagent_examples.composed_doors import (
-    DEMO_OBJECTIVES,
+from memagent_examples.build_records import contexts_digest, read_record
+from memagent_examples.composed_doors.task import (
     PASSAGE_WORDS,
     PROMPT_LENGTH,
     RESPONSE_LENGTH,
     SETS,
+    make_door_sets,
+    read_door_sets,
+    write_door_sets,
+)
+from memagent_examples.composed_doors.warm_start import (
+    DEMO_OBJECTIVES,
+    DIGESTED_SAMPLES,
     SHIPPED_STARTS,
     WARM_STEPS,
     AnswerRows,
     agent_format,
+    composed_options,
     composed_texts,
     demonstration_scripts,
-    make_door_sets,
-    read_door_sets,
     warm_start_agent,
-    write_door_sets,
 )
-from memagent_examples.learn_codes.start import contexts_digest, read_record
-from memagent_examples.learn_codes.warm_start import scripted_samples
+from memagent_examples.retriever_process import build_command
 from memagent_examples.scripted import ScriptedPolicy
-from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config
+from memagent_examples.warm_start import scripted_samples
+from verl_memagent.agent import instantiate_agent_loop, verl_trainer_config, verl_worker_row
 from verl_memagent.data.compose import TASK_PREFIX
 from verl_memagent.output_fields import FinishReason, OutputField
 from verl_memagent.reward.scores import multi_objective_em
@@ -102,8 +107,7 @@ async def play(agent, texts, question, tokenizer, url):
     config = verl_trainer_config(prompt_length=PROMPT_LENGTH, response_length=RESPONSE_LENGTH)
     policy = ScriptedPolicy(tokenizer, texts)
     loop = instantiate_agent_loop(agent, config, policy, tokenizer, "qwen2", path=AGENT_LOOPS, retriever_urls=url)
-    row = {"raw_prompt": [{"role": "user", "content": question}], "extra_info": {"question": question}}
-    outputs = await loop.run({"temperature": 1.0, "logprobs": False}, **row)
+    outputs = await loop.run({"temperature": 1.0, "logprobs": False}, **verl_worker_row(question))
     return outputs if isinstance(outputs, list) else [outputs], policy
 
 
@@ -142,14 +146,15 @@ def test_demonstrations_cover_each_objective_count_in_the_agents_format(task, to
 def test_warm_start_trains_on_the_loops_samples_and_checkpoints(task, tiny_model_dir, tmp_path):
     task_dir, _, url = task
     out = tmp_path / "warm"
-    settings = {"tasks_per_objective": 2, "objectives": (1, 2), "checkpoint_every": 1, "resume_every": 1}
-    losses = warm_start_agent("react", tiny_model_dir, out, task_dir, url, str(AGENT_LOOPS), 2, **settings)
+    options = composed_options(2, checkpoint_every=1, resume_every=1)
+    losses = warm_start_agent("react", tiny_model_dir, out, task_dir, url, str(AGENT_LOOPS), options, 2, (1, 2))
     assert len(losses) == 2 and all(loss > 0 for loss in losses)
     assert not (out / "resume.pt").exists()  # the state kept at step 1 for a resume goes once the model is saved
     for saved, steps in ((out / "step_1", 1), (out / "step_2", 2), (out, 2)):
         record = json.loads((saved / "build.json").read_text())
         assert (saved / "model.safetensors").is_file() and record["inputs"]["steps"] == steps
         assert record["inputs"]["agent"] == "react" and record["samples"] == 4  # react: one sample a trajectory
+        assert record["contexts"]["samples"] == 4  # the digest covers what there is, up to DIGESTED_SAMPLES
 
 
 @pytest.mark.parametrize("agent", ["memsearcher", "mem1", "react"])
@@ -162,11 +167,13 @@ def test_the_agent_loops_build_the_contexts_each_shipped_start_learned(task, tok
     assert (inputs["agent"], inputs["steps"], inputs["seed"]) == (agent, WARM_STEPS, 0)  # the task fixture's seed
     model = agent_format(agent, tokenizer, "qwen2", str(AGENT_LOOPS), url)
     scripts = demonstration_scripts(model, sets.demos, inputs["tasks_per_objective"], 0, inputs["objectives"])
-    lengths = (PROMPT_LENGTH, RESPONSE_LENGTH)  # the digest's 64 contexts come from the first 64 questions, k = 1
+    digested = record["contexts"]["samples"]  # the first contexts; 64 questions (k = 1) make at least 64
+    assert digested == DIGESTED_SAMPLES <= record["samples"]
+    lengths = (PROMPT_LENGTH, RESPONSE_LENGTH)
     samples = asyncio.run(
         scripted_samples(agent, scripts[:64], tokenizer, str(AGENT_LOOPS), *lengths, "qwen2", retriever_urls=url)
     )
-    assert contexts_digest(samples[:64]) == record["contexts"]["sha256"]
+    assert contexts_digest(samples[:digested]) == record["contexts"]["sha256"]
 
 
 @pytest.mark.parametrize("agent", ["memsearcher", "mem1", "react"])

@@ -14,36 +14,27 @@ from pathlib import Path
 import pytest
 import torch
 import yaml
-from retriever_process import build_command
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
-from memagent_examples.composed_doors import SHIPPED_STARTS
+from memagent_examples.build_records import contexts_digest, read_record
+from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
+from memagent_examples.copy_rows import CopyRows
+from memagent_examples.doors import Door, single_token_words
 from memagent_examples.learn_codes.reward_curve import eval_em, follow, summary
 from memagent_examples.learn_codes.reward_curve import main as reward_curve_main
-from memagent_examples.learn_codes.start import DIGESTED_DOORS, SHIPPED, contexts_digest, read_record
+from memagent_examples.learn_codes.start import DIGESTED_DOORS, SHIPPED
 from memagent_examples.learn_codes.task import (
-    Door,
     build_key,
     demonstration,
     demonstration_samples,
     held_out_doors,
     make_doors,
-    single_token_words,
     warm_start,
     write_task,
 )
-from memagent_examples.learn_codes.warm_start import (
-    IGNORE,
-    CopyRows,
-    ResumePoint,
-    adamw_steps,
-    copy_batch,
-    copy_pretraining,
-    distant_copy_batch,
-    labelled_loss,
-    scripted_samples,
-    supervised_steps,
-)
+from memagent_examples.retriever_process import build_command
+from memagent_examples.training import IGNORE, supervised_steps
+from memagent_examples.warm_start import WarmStartOptions, scripted_samples
 from retriever_server.bm25 import terms
 from verl_memagent.agent.parsing import parse_memory, parse_tool_call_action
 from verl_memagent.cli import main as cli_main
@@ -212,10 +203,11 @@ def test_a_warm_start_records_how_it_was_built(task, tiny_model_dir, tmp_path):
     demos = tmp_path / "demos.jsonl"
     demos.write_text("".join(paths["demos"].read_text().splitlines(keepends=True)[: DIGESTED_DOORS + 4]))
     out = tmp_path / "warm"
-    run = dict(retriever_url=url, agent_loops_yaml=str(AGENT_LOOPS), steps=2, batch_size=2, seed=3, copy_steps=1)
-    warm_start(tiny_model_dir, out, demos, checkpoint_every=1, **run)
+    options = WarmStartOptions(steps=2, batch_size=2, seed=3, copy_steps=1, checkpoint_every=1)
+    warm_start(tiny_model_dir, out, demos, url, str(AGENT_LOOPS), options)
     record = read_record(out)
-    assert record["inputs"] == {"seed": 3, "copy_steps": 1, "steps": 2, "lr": 1e-3, "batch_size": 2}
+    inputs = {"seed": 3, "copy_steps": 1, "steps": 2, "lr": 1e-3, "decay_steps": 0, "batch_size": 2}
+    assert record["inputs"] == inputs and record["samples"] == 2 * (DIGESTED_DOORS + 4)
     assert read_record(out / "step_1")["inputs"]["steps"] == 1
     assert record["versions"]["torch"] == torch.__version__ and record["cpu"]["model"]
     assert record["cpu"]["torch_capability"] == torch.backends.cpu.get_cpu_capability()
@@ -229,150 +221,6 @@ def test_a_warm_start_records_how_it_was_built(task, tiny_model_dir, tmp_path):
     assert AutoModelForCausalLM.from_pretrained(out).num_parameters() > 0
     with pytest.raises(FileNotFoundError, match="no build record"):
         read_record(tmp_path)
-
-
-def test_a_checkpoint_after_k_steps_is_the_model_of_a_k_step_run(tiny_model_dir, tokenizer):
-    """What `warm-start --checkpoint-every` and benchmarks/warm_start_sweep.py rely on."""
-    generator = torch.Generator().manual_seed(0)
-    samples = [(ids, ids) for ids in torch.randint(5, 200, (6, 24), generator=generator).tolist()]
-    run = dict(
-        samples=samples, lr=1e-3, batch_size=2, pad_token_id=tokenizer.pad_token_id, extra_rows=(CopyRows(adjacent=1),)
-    )
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    saved = {}
-
-    def after_step(step: int) -> None:
-        if step == 2:
-            saved.update({name: value.detach().clone() for name, value in model.state_dict().items()})
-
-    supervised_steps(model, steps=4, after_step=after_step, **run)
-    short = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    supervised_steps(short, steps=2, **run)
-    assert saved.keys() == short.state_dict().keys()
-    assert all(torch.equal(saved[name], value) for name, value in short.state_dict().items())
-    assert not all(torch.equal(saved[name], value) for name, value in model.state_dict().items())
-
-
-class Killed(Exception):
-    """Stands for the SIGKILL that ends a session in the middle of a warm start."""
-
-
-def test_a_warm_start_killed_and_resumed_ends_with_the_weights_of_one_never_stopped(tiny_model_dir, tmp_path):
-    """`warm-start --resume-every`: killed after step 5 (its last save at step 4: step 5 is lost), started
-    again, it redoes step 5 from the saved AdamW moments, lr schedule (decaying over the run's last 3 of 6
-    steps) and batch sources, and ends bit for bit where an uninterrupted run ends, with the same losses."""
-    generator = torch.Generator().manual_seed(3)
-    samples = [(ids, ids) for ids in torch.randint(5, 200, (8, 24), generator=generator).tolist()]
-    run = dict(samples=samples, steps=6, lr=1e-3, batch_size=2, pad_token_id=0, decay_steps=3, unpadded=True)
-    run["extra_rows"] = (CopyRows(adjacent=1),)
-    whole = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    whole_losses = supervised_steps(whole, **run)
-
-    resume = ResumePoint(tmp_path / "resume.pt", every=2, identity={"steps": 6})
-
-    def kill_after_step_5(step: int) -> None:
-        if step == 5:
-            raise Killed
-
-    with pytest.raises(Killed):
-        supervised_steps(
-            AutoModelForCausalLM.from_pretrained(tiny_model_dir), after_step=kill_after_step_5, resume=resume, **run
-        )
-    assert len(torch.load(resume.path, weights_only=False)["losses"]) == 4
-    resumed = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    steps_run = []
-    resumed_losses = supervised_steps(resumed, after_step=steps_run.append, resume=resume, **run)
-    assert steps_run == [5, 6]
-    assert resumed_losses == whole_losses
-    assert all(torch.equal(value, resumed.state_dict()[name]) for name, value in whole.state_dict().items())
-
-    # the same state under other inputs is refused, with the file and the fix named
-    other = ResumePoint(resume.path, every=2, identity={"steps": 7})
-    with pytest.raises(ValueError, match="resume.pt holds the state of a run with other inputs.*delete it"):
-        supervised_steps(AutoModelForCausalLM.from_pretrained(tiny_model_dir), resume=other, **run)
-
-
-def test_copy_batch_labels_exactly_the_repeats():
-    input_ids, labels = copy_batch(torch.Generator().manual_seed(0), vocab_size=50, batch_size=4, length=64)
-    assert input_ids.shape == labels.shape == (4, 64)
-    for row_ids, row_labels in zip(input_ids.tolist(), labels.tolist(), strict=True):
-        labelled = [i for i, label in enumerate(row_labels) if label != IGNORE]
-        assert 0 < len(labelled) < 64
-        start = 0
-        while start < 64 and row_labels[start] == IGNORE:  # segments: size unlabelled, then its repeat
-            size = next((i for i in range(start, 64) if row_labels[i] != IGNORE), 64) - start
-            repeat = row_ids[start + size : start + 2 * size]
-            assert repeat == row_ids[start : start + len(repeat)]
-            assert row_labels[start + size : start + 2 * size] == repeat
-            start += 2 * size
-
-
-def test_distant_copy_batch_labels_exactly_the_copies_at_every_distance():
-    input_ids, labels = distant_copy_batch(torch.Generator().manual_seed(0), 50, batch_size=8, length=320, copies=6)
-    distances = []
-    for row_ids, row_labels in zip(input_ids.tolist(), labels.tolist(), strict=True):
-        labelled = [i for i, label in enumerate(row_labels) if label != IGNORE]
-        runs = [[labelled[0]]]  # each copy is one run of labels, apart from the others
-        for i in labelled[1:]:
-            runs[-1].append(i) if i == runs[-1][-1] + 1 else runs.append([i])
-        assert len(runs) == 6 and all(4 <= len(run) <= 16 for run in runs)
-        for run in runs:
-            copy = row_ids[run[0] : run[-1] + 1]
-            assert [row_labels[i] for i in run] == copy
-            sources = [s for s in range(run[0] - len(copy) + 1) if row_ids[s : s + len(copy)] == copy]
-            assert sources, "every labelled run repeats an earlier segment"
-            distances.append(run[0] - sources[-1])
-    assert min(distances) < 40 and max(distances) > 160  # near and far copies alike
-    with pytest.raises(ValueError, match="use >= 320"):
-        distant_copy_batch(torch.Generator(), 50, length=100, copies=8)
-
-
-def test_copy_rows_add_each_kinds_loss(tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    rows = CopyRows(adjacent=2, distant=1, distant_length=320)
-    adjacent = labelled_loss(model, *copy_batch(torch.Generator().manual_seed(3), model.config.vocab_size, 2))
-    generator = torch.Generator().manual_seed(3)
-    copy_batch(generator, model.config.vocab_size, 2)
-    distant = labelled_loss(model, *distant_copy_batch(generator, model.config.vocab_size, 1, 320))
-    torch.testing.assert_close(rows.loss(model, torch.Generator().manual_seed(3)), adjacent + distant)
-    assert CopyRows().loss(model, torch.Generator()) == 0.0
-
-
-def test_labelled_loss_is_the_models_own_loss_on_the_labels(tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    input_ids, labels = copy_batch(torch.Generator().manual_seed(1), model.config.vocab_size, batch_size=3, length=40)
-    attention_mask = torch.ones_like(input_ids)
-    attention_mask[2, 30:] = 0  # a right-padded row, its padding unlabelled
-    labels[2, 30:] = IGNORE
-    expected = model(input_ids=input_ids, attention_mask=attention_mask, labels=labels).loss
-    torch.testing.assert_close(labelled_loss(model, input_ids, labels, attention_mask), expected)
-
-
-def test_copy_pretraining_updates_the_model(tiny_model_dir):
-    model = AutoModelForCausalLM.from_pretrained(tiny_model_dir)
-    before = model.model.layers[0].self_attn.q_proj.weight.clone()
-    losses = copy_pretraining(model, steps=2)
-    assert len(losses) == 2 and all(8.0 < loss < 9.0 for loss in losses)  # ~ln(4096) for random tokens
-    assert not torch.equal(before, model.model.layers[0].self_attn.q_proj.weight)
-
-
-@pytest.mark.parametrize("decay_steps, factors", [(0, [1, 1, 1, 1]), (4, [1, 0.75, 0.5, 0.25]), (2, [1, 1, 1, 0.5])])
-def test_adamw_steps_keep_or_linearly_decay_the_learning_rate(decay_steps, factors):
-    """On a loss of constant gradient Adam's update is the learning rate itself, so each step's change
-    shows the rate it took: 0.1 throughout; falling by a quarter a step over all 4 steps; or by half a
-    step over the last 2."""
-    model = torch.nn.Module()
-    model.weight = torch.nn.Parameter(torch.zeros(()))
-    values = []
-    record = lambda _: values.append(model.weight.item())  # noqa: E731
-    adamw_steps(model, 4, 0.1, lambda: 3.0 * model.weight, "test", record, decay_steps)
-    expected, weight = [], 0.0
-    for factor in factors:  # AdamW: the weight shrinks by rate x 0.01 (its default decay), then moves by the rate
-        rate = 0.1 * factor
-        expected.append(weight - (weight * (1 - rate * 0.01) - rate))
-        weight -= expected[-1]
-    changes = [before - after for before, after in zip([0.0, *values[:-1]], values, strict=True)]
-    assert changes == pytest.approx(expected, abs=1e-6)
 
 
 def test_build_key_changes_with_every_input_of_the_build(tmp_path):

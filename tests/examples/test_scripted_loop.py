@@ -8,21 +8,18 @@ import pytest
 from omegaconf import OmegaConf
 from verl.experimental.agent_loop.agent_loop import DictConfigWrap, ToolListWrap
 
-from verl_memagent.agent import verl_sampling_params, verl_trainer_config
+from verl_memagent.agent import verl_sampling_params, verl_trainer_config, verl_worker_row
 from verl_memagent.reward.scores import f1_with_format, multi_objective_em
 
-ROW = {
-    "raw_prompt": [{"role": "user", "content": "Which river runs past Leer?"}],
-    "extra_info": {"question": "Which river runs past Leer?", "index": 0},
-    "reward_model": {"ground_truth": ["Leda"]},
-    "data_source": "leda",
-}
-TASK = {
-    "raw_prompt": [{"role": "user", "content": "Which river runs past Leer; which sea does it reach?"}],
-    "extra_info": {"question": "Which river runs past Leer; which sea does it reach?", "index": 0},
-    "reward_model": {"ground_truth": [["Leda"], ["North Sea"]]},
-    "data_source": "leda",
-}
+ROW = verl_worker_row(
+    "Which river runs past Leer?", {"index": 0}, reward_model={"ground_truth": ["Leda"]}, data_source="leda"
+)
+TASK = verl_worker_row(
+    "Which river runs past Leer; which sea does it reach?",
+    {"index": 0},
+    reward_model={"ground_truth": [["Leda"], ["North Sea"]]},
+    data_source="leda",
+)
 
 
 def scripted(agent: str, tokenizer, retriever_url: str):

@@ -100,7 +100,10 @@ def test_misspelt_yaml_key_is_named(tmp_path, prepared, tiny_model_dir):
 
 LAUNCHER = REPO / "recipes/common/launch.sh"
 #: the recipe scripts that train: the GPU recipes and the CPU ones (recipes/cpu/preamble.sh's train_on_cpu)
-TRAINING_SCRIPTS = [*RECIPE_SCRIPTS, REPO / "recipes/cpu/run.sh", REPO / "recipes/cpu/learn_codes.sh"]
+TRAINING_SCRIPTS = [
+    *RECIPE_SCRIPTS,
+    *(REPO / "recipes/cpu" / name for name in ("run.sh", "learn_codes.sh", "composed_doors.sh")),
+]
 
 
 def _commands(script: Path) -> str:

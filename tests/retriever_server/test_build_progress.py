@@ -6,8 +6,7 @@ import re
 import subprocess
 import time
 
-from retriever_process import build_command
-
+from memagent_examples.retriever_process import build_command
 from retriever_server.progress import BuildProgress
 
 

@@ -15,7 +15,8 @@ import httpx
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from retriever_process import NUMPY_BM25
+
+from memagent_examples.retriever_process import NUMPY_BM25
 
 # numba scoring (the default) compiles for tens of seconds at start-up; tested once, in-process
 

@@ -8,7 +8,8 @@ import time
 
 import httpx
 import pytest
-from retriever_process import NUMPY_BM25
+
+from memagent_examples.retriever_process import NUMPY_BM25
 
 LIMITS = (
     "--max-queries",

@@ -10,7 +10,8 @@ import time
 
 import httpx
 import pytest
-from retriever_process import NUMPY_BM25
+
+from memagent_examples.retriever_process import NUMPY_BM25
 
 
 @pytest.fixture(scope="module")

@@ -21,7 +21,8 @@ import json
 
 import pytest
 import requests
-from retriever_process import NUMPY_BM25
+
+from memagent_examples.retriever_process import NUMPY_BM25
 
 TOTO = "Jeff Porcaro drummer Toto"
 

@@ -11,8 +11,8 @@ import time
 
 import httpx
 import pytest
-from retriever_process import NUMPY_BM25, ServerProcess, build_command, serve_command
 
+from memagent_examples.retriever_process import NUMPY_BM25, ServerProcess, build_command, serve_command
 from retriever_server.pyserini_index import lucene_indexer_command
 
 pytestmark = pytest.mark.slow  # JVMs: three Lucene builds and five servers, about 1.5 min of CPU

@@ -5,7 +5,8 @@ import json
 import httpx
 import numpy as np
 import pytest
-from retriever_process import NUMPY_BM25
+
+from memagent_examples.retriever_process import NUMPY_BM25
 
 # numba scoring (the default) compiles for tens of seconds at start-up; tested once, in-process
 

@@ -11,7 +11,8 @@ import time
 
 import httpx
 import pytest
-from retriever_process import NUMPY_BM25
+
+from memagent_examples.retriever_process import NUMPY_BM25
 
 
 def wait_until(condition, timeout_s: float = 60.0, every_s: float = 0.02) -> None:
@@ -120,7 +121,7 @@ def test_a_stop_ends_every_process_of_the_server_within_a_second(bm25_index_dir,
     """Ctrl-C (SIGINT to the group), `kill` (SIGTERM to the server), `docker stop`, systemd: while the
     index loads, or while a request of 3,600 queries is being searched. No process the server started
     is left a second later, none was restarted, and the log holds no traceback."""
-    from retriever_process import ServerProcess, serve_command
+    from memagent_examples.retriever_process import ServerProcess, serve_command
 
     command = serve_command(bm25_index_dir, *NUMPY_BM25, "--cache-size", "0", "--search-processes", "2")
     server = ServerProcess(command, cwd=data_dir.parent, ready=phase == "serving", own_session=True)
@@ -156,7 +157,7 @@ def dense_index_dir(tmp_path_factory, data_dir, minilm_dir):
     and the encoder, the load whose orphans #37 fixed."""
     import subprocess
 
-    from retriever_process import build_command
+    from memagent_examples.retriever_process import build_command
 
     work = tmp_path_factory.mktemp("dense_stop")
     corpus = work / "corpus.jsonl"
@@ -179,7 +180,7 @@ def _loads_torch(pid: int) -> bool:
 def test_a_stop_while_the_dense_encoder_loads_leaves_no_process(dense_index_dir, data_dir, stop):
     """The group stopped while both search processes are loading torch and the query encoder: every
     process ends by the signal within a second, none is restarted, and the log holds no traceback."""
-    from retriever_process import ServerProcess, serve_command
+    from memagent_examples.retriever_process import ServerProcess, serve_command
 
     command = serve_command(dense_index_dir, "--search-processes", "2")
     server = ServerProcess(command, cwd=data_dir.parent, ready=False, own_session=True)

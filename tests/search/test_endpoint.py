@@ -11,8 +11,8 @@ import sys
 import time
 
 import pytest
-from retriever_process import NUMPY_BM25
 
+from memagent_examples.retriever_process import NUMPY_BM25
 from verl_memagent.agent.settings import AgentSettings, build_settings
 from verl_memagent.search.endpoint import (
     DEFAULT_RETRIEVER_URL,

@@ -6,8 +6,8 @@ import socket
 import httpx
 import pytest
 from aiohttp import web
-from retriever_process import NUMPY_BM25
 
+from memagent_examples.retriever_process import NUMPY_BM25
 from verl_memagent.search import Document, RetrieverClient, RetrieverError, format_documents
 
 # numba scoring (the default) compiles for tens of seconds at start-up; tested once, in-process

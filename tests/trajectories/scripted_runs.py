@@ -30,18 +30,13 @@ def mem1_states(searches: int) -> list[str]:
 
 async def play(agent: str, texts: list[str], tokenizer, trainer_config, retriever_url: str, **settings):
     """Run the agent loop as verl's worker builds and calls it; returns (outputs as a list, the policy)."""
-    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params
+    from verl_memagent.agent import instantiate_agent_loop, verl_sampling_params, verl_worker_row
 
     policy = ScriptedPolicy(tokenizer, texts)
     loop = instantiate_agent_loop(
         agent, trainer_config, policy, tokenizer, hf_model_type="qwen2", retriever_urls=retriever_url, **settings
     )
-    row = {
-        "raw_prompt": [{"role": "user", "content": QUESTION}],
-        "extra_info": {"question": QUESTION, "index": 0},
-        "reward_model": {"ground_truth": GOLDEN},
-        "data_source": "leda",
-    }
+    row = verl_worker_row(QUESTION, {"index": 0}, reward_model={"ground_truth": GOLDEN}, data_source="leda")
     outputs = await loop.run(verl_sampling_params(), **row)
     return (outputs if isinstance(outputs, list) else [outputs]), policy
 

@@ -19,6 +19,7 @@ _LAZY = {
     "instantiate_agent_loop": "verl_memagent.agent.factory",
     "verl_trainer_config": "verl_memagent.agent.factory",
     "verl_sampling_params": "verl_memagent.agent.factory",
+    "verl_worker_row": "verl_memagent.agent.factory",
 }
 
 __all__ = ["AGENT_LOOPS_YAML", *_LAZY]

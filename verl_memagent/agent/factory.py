@@ -46,6 +46,14 @@ def verl_sampling_params(
     }
 
 
+def verl_worker_row(question: str, extra_info: dict[str, Any] | None = None, **fields: Any) -> dict[str, Any]:
+    """The row verl's AgentLoopWorker hands a loop's `run()` for a question asked in one user message: the
+    message as `raw_prompt` (the dataset's `prompt`), the question in `extra_info` (with `extra_info`'s
+    other keys), and `fields` (`uid`, `session_id`, `reward_model`, ...) beside them."""
+    messages = [{"role": "user", "content": question}]
+    return {"raw_prompt": messages, "extra_info": {"question": question, **(extra_info or {})}, **fields}
+
+
 @cache
 def _dataset_class(custom_path: str | None, custom_name: str | None) -> type:
     """verl's dataset class for `data.custom_cls`, resolved once (eval builds one loop per question)."""

@@ -1,9 +1,10 @@
 """The turn machinery the three agents share, as verl's `AgentLoopBase`: generation, search, limits
 and the step every turn takes (`act`).
 
-The trajectory's data (contexts, generations, calls) is plain data in `agent/trajectory.py`, what one
-run carries to its generate calls is `agent/run_state.py`'s, and `agent/outputs.py` makes each finished
-context one `AgentLoopOutput` (one training sample).
+The trajectory's data (contexts, generations, calls) is plain data in `agent/trajectory.py`, how text
+becomes tokens (chat template, inserted messages) is `agent/rendering.py`'s, what one run carries to its
+generate calls is `agent/run_state.py`'s, and `agent/outputs.py` makes each finished context one
+`AgentLoopOutput` (one training sample).
 """
 
 from __future__ import annotations
@@ -11,15 +12,14 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections.abc import Callable, Mapping
-from functools import cache, lru_cache
+from collections.abc import Mapping
 from typing import Any, ClassVar
 
 import httpx
 from verl.experimental.agent_loop.agent_loop import AgentLoopBase, AgentLoopOutput
-from verl.utils.tokenizer.chat_template import initialize_turn_separator
 
 from verl_memagent.agent.outputs import agent_outputs
+from verl_memagent.agent.rendering import ChatRendering
 from verl_memagent.agent.run_state import RunState
 from verl_memagent.agent.settings import AgentSettings, ByValue, MemoryOverflow, parsed_settings
 from verl_memagent.agent.trajectory import Context, Generation, Step, ToolCall, Trajectory, TurnFormat, question_of
@@ -34,7 +34,6 @@ logger = logging.getLogger(__name__)
 SEARCH_FAILED = "The search engine is unavailable: no documents were returned."
 
 _CLIENTS: dict[tuple, RetrieverClient] = {}
-_PER_PROCESS: dict[tuple, Any] = {}
 
 
 def shared_retriever(settings: AgentSettings) -> RetrieverClient:
@@ -57,43 +56,15 @@ def shared_retriever(settings: AgentSettings) -> RetrieverClient:
     return _CLIENTS[key]
 
 
-@cache
-def _shared_turn_close_ids(tokenizer, chat_template: ByValue, chat_template_kwargs: ByValue) -> tuple[int, ...]:
-    """`assistant_turn_close_ids` once per process for each tokenizer, chat template and template kwargs."""
-    return tuple(assistant_turn_close_ids(tokenizer, chat_template_kwargs.value))
-
-
-@lru_cache(maxsize=256)
-def _constant_ids(tokenizer, text: str) -> tuple[int, ...]:
-    """Token ids of a text that is the same in every trajectory, encoded once per process and tokenizer."""
-    return tuple(tokenizer.encode(text, add_special_tokens=False))
-
-
-def assistant_turn_close_ids(tokenizer, chat_template_kwargs: dict | None = None) -> list[int]:
-    """Tokens the chat template puts after an assistant message's content, minus the turn separator.
-
-    For ChatML that is `<|im_end|>`: what the model emits itself when it ends its turn. Inserted
-    (masked) when a stop string, not the model, ended the turn before a tool response follows.
-    """
-    kwargs = chat_template_kwargs or {}
-    marker = "\u2063memagent-content-end\u2063"
-    messages = [{"role": "user", "content": "q"}, {"role": "assistant", "content": marker}]
-    text = tokenizer.apply_chat_template(messages, tokenize=False, **kwargs)
-    ids = tokenizer.encode(text.split(marker)[-1], add_special_tokens=False)
-    separator = initialize_turn_separator(tokenizer, **kwargs)
-    if separator and ids[-len(separator) :] == separator:
-        ids = ids[: -len(separator)]
-    return ids
-
-
-class SearchAgentLoop(AgentLoopBase):
+class SearchAgentLoop(ChatRendering, AgentLoopBase):
     """Base of the memsearcher, mem1 and react loops: verl's constructor plus our settings.
 
     verl's AgentLoopWorker instantiates a loop per sample with hydra, passing its own arguments and
     every key of the agent's YAML entry: `name` (the registry name) and this agent's settings.
     `tools` (verl's tool list) is not used: these loops search through the retriever client.
     What is the same for every sample (settings, compiled prompts, turn-closing tokens, retriever
-    client) is built once per process and shared; an instance only binds its sample's arguments.
+    client) is built once per process and shared; an instance only binds its sample's arguments. How
+    text becomes tokens (chat template, per-process caches, inserted messages) is `ChatRendering`'s.
     """
 
     agent: ClassVar[str]
@@ -126,11 +97,7 @@ class SearchAgentLoop(AgentLoopBase):
         self.response_cap = int(rollout.response_length)
         self.context_cap = self.settings.context_max_tokens or int(rollout.prompt_length) + self.response_cap
         self.retriever = shared_retriever(self.settings)
-        #: what the rendering of a chat depends on besides the messages: keys the per-process caches
-        self.template_key = (tokenizer, ByValue(tokenizer.chat_template), ByValue(self.apply_chat_template_kwargs))
-        self.turn_close_ids = list(_shared_turn_close_ids(*self.template_key))
-        self.eos_ids = {tokenizer.eos_token_id, *self.turn_close_ids[-1:]}
-        self._encoded: dict[str, list[int]] = {}
+        self.bind_rendering(tokenizer)
 
     # ---- verl entry point -------------------------------------------------------------------------
 
@@ -162,41 +129,9 @@ class SearchAgentLoop(AgentLoopBase):
         """Tokens one search's formatted documents are cut to: `observation_max_tokens` (None: no cap)."""
         return self.settings.observation_max_tokens
 
-    def encode(self, text: str) -> list[int]:
-        """Token ids of `text`, each text encoded once per loop (one trajectory): a memory is encoded
-        for its cap and again for the next prompt, the question for every turn's prompt."""
-        if text not in self._encoded:
-            self._encoded[text] = self.tokenizer.encode(text, add_special_tokens=False)
-        return list(self._encoded[text])
-
-    def per_process(self, name: str, build: Callable[[], Any]) -> Any:
-        """`build()` once per process for this agent's settings and chat template: text every trajectory
-        renders alike (the loops that share `self.prompts` share the settings)."""
-        key = (name, self.prompts, *self.template_key)
-        if key not in _PER_PROCESS:
-            _PER_PROCESS[key] = build()
-        return _PER_PROCESS[key]
-
-    def encode_constant(self, text: str) -> tuple[int, ...]:
-        """`encode` for text that is the same in every trajectory (template pieces): once per process."""
-        return _constant_ids(self.tokenizer, text)
-
-    def chat_text(self, messages: list[dict], tools=None) -> str:
-        """The chat template's text of `messages` up to and including the assistant's generation prompt."""
-        return self.tokenizer.apply_chat_template(
-            messages, tools=tools, tokenize=False, add_generation_prompt=True, **self.apply_chat_template_kwargs
-        )
-
     def format_documents(self, documents: list[Document]) -> str:
         """The observation text of one search's documents (Search-R1's `Doc i(Title: t) text` lines)."""
         return format_documents(documents)
-
-    def truncate(self, text: str, max_tokens: int) -> tuple[str, int, bool]:
-        """Text cut to `max_tokens` tokens: (text, token count after the cut, whether it was cut)."""
-        ids = self.encode(text)
-        if len(ids) <= max_tokens:
-            return text, len(ids), False
-        return self.tokenizer.decode(ids[:max_tokens]), max_tokens, True
 
     def room(self, context: Context) -> int:
         """Tokens the context can still take under the context and response caps."""
@@ -290,34 +225,6 @@ class SearchAgentLoop(AgentLoopBase):
         if not overflowed or mode == MemoryOverflow.TRUNCATE:
             return False
         trajectory.finish(FinishReason.MEMORY_OVERFLOW, penalised=mode == MemoryOverflow.PENALTY)
-        return True
-
-    async def insert_messages(
-        self, context: Context, history: list[dict], new_messages: list[dict], tools=None
-    ) -> bool:
-        """Append chat messages (tool response, instructions) rendered by verl's Continuous Token builder.
-
-        If a stop string rather than the model ended the assistant turn, the template's turn-closing
-        tokens come first. Everything inserted here has mask 0. Returns False, changing nothing, when
-        the result would leave no room to generate.
-        """
-        closed = Context(context.prompt_ids, list(context.response_ids), list(context.response_mask))
-        closed.response_logprobs = None if context.response_logprobs is None else list(context.response_logprobs)
-        if not closed.response_ids or closed.response_ids[-1] not in self.eos_ids:
-            closed.add_inserted(list(self.turn_close_ids))
-        merge, mask, logprobs = await self.ct_merge_context_msg(
-            history,
-            history + new_messages,
-            closed.token_ids,
-            closed.response_mask,
-            closed.response_logprobs,
-            tools=tools,
-        )
-        if len(merge.token_ids) >= context.length + self.room(context):
-            return False
-        context.response_ids = merge.token_ids[len(context.prompt_ids) :]
-        context.response_mask = mask
-        context.response_logprobs = logprobs
         return True
 
     # ---- outputs ----------------------------------------------------------------------------------

@@ -17,9 +17,10 @@ from dataclasses import dataclass
 
 import numpy as np
 import pandas as pd
-import pyarrow as pa
 import pyarrow.compute as pc
 import torch
+
+from verl_memagent.algo.sample_key import SampleKey
 
 
 @dataclass(frozen=True)
@@ -48,22 +49,14 @@ class TrajectoryLayout:
 
     @classmethod
     def from_keys(cls, keys: Sequence[str], is_padding: Sequence[bool]) -> TrajectoryLayout:
-        """Parse verl's V1 sample keys `{uid}_{session_id}_{index}`: trajectory `{uid}_{session_id}`,
-        turn `index` (the position of the output in the list the agent loop returned), group `uid`.
-        Parsed with Arrow's vectorised string kernels; padding rows' keys are not interpreted."""
+        """From verl's V1 sample keys (`SampleKey`): trajectory `{uid}_{session_id}`, turn `index` (the
+        position of the output in the list the agent loop returned), group `uid`. Padding rows' keys are not
+        interpreted."""
         valid = ~np.asarray(is_padding, dtype=bool)
         if valid.size != len(keys):
             raise ValueError("keys and is_padding must have one entry per row")
-        parts = pc.split_pattern(pa.array(keys, type=pa.string()), "_", max_splits=2, reverse=True).filter(valid)
-        try:
-            if len(parts) and pc.min(pc.list_value_length(parts)).as_py() < 3:
-                raise pa.ArrowInvalid("a key with fewer than three fields")
-            session = np.asarray(pc.cast(pc.list_element(parts, 1), pa.int64()))
-            turn_valid = np.asarray(pc.cast(pc.list_element(parts, 2), pa.int64()))
-        except pa.ArrowInvalid:
-            bad = next(k for k, v in zip(keys, valid, strict=True) if v and not _is_sample_key(k))
-            raise ValueError(f"sample key {bad!r} is not verl's `{{uid}}_{{session_id}}_{{index}}`") from None
-        group_of_row = np.asarray(pc.dictionary_encode(pc.list_element(parts, 0)).indices, dtype=np.int64)
+        uids, session, turn_valid = SampleKey.columns(keys, valid)
+        group_of_row = np.asarray(pc.dictionary_encode(uids).indices, dtype=np.int64)
         codes = group_of_row * (session.max(initial=0) + 1) + session
         trajectory_valid, names = pd.factorize(codes)  # hash-based: no sort
         trajectory = np.full(valid.size, names.size, dtype=np.int64)
@@ -80,11 +73,6 @@ class TrajectoryLayout:
             group=torch.from_numpy(group),
             valid=torch.from_numpy(valid),
         )
-
-
-def _is_sample_key(key: str) -> bool:
-    parts = key.rsplit("_", 2)
-    return len(parts) == 3 and parts[1].isdigit() and parts[2].isdigit()
 
 
 @dataclass(frozen=True)

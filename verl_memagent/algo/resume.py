@@ -31,6 +31,7 @@ from pathlib import Path
 import transfer_queue as tq
 from verl.utils import tracking
 
+from verl_memagent.algo.sample_key import SampleKey
 from verl_memagent.trajectories.files import step_of_record_file
 
 #: the replay buffer's statuses of a prompt group whose rollouts have not all ended
@@ -80,7 +81,8 @@ def in_flight_at_checkpoint(listing: dict[str, dict]) -> dict[str, int]:
     trajectories they had already finished discarded (verl's `_reissue_inflight_prompts`)."""
     prompts = {key: tag for key, tag in listing.items() if tag.get("is_prompt", False)}
     in_flight = {key for key, tag in prompts.items() if tag.get("status") in IN_FLIGHT}
-    finished = {key.rsplit("_", 1)[0] for key in listing.keys() - prompts.keys() if key.split("_", 1)[0] in in_flight}
+    samples = [SampleKey.parse(key) for key in listing.keys() - prompts.keys()]
+    finished = {sample.trajectory for sample in samples if sample.uid in in_flight}
     return {
         "training/resume/restored_groups": len(prompts) - len(in_flight),
         "training/resume/reissued_groups": len(in_flight),

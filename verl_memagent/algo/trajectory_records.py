@@ -23,6 +23,7 @@ import numpy as np
 import transfer_queue as tq
 from transfer_queue import KVBatchMeta
 
+from verl_memagent.algo.sample_key import SampleKey
 from verl_memagent.config_sections import typed_section
 from verl_memagent.trajectories.build import ContextSample, build_record, is_recorded
 from verl_memagent.trajectories.files import TRAJECTORIES_DIR, records_path, write_records
@@ -59,12 +60,12 @@ class TrajectoryRecordsConfig:
 
 def groups_of(keys: Sequence[str], is_padding: Sequence[bool]) -> dict[str, list[list[int]]]:
     """Each prompt's (GRPO group's) trajectories as row positions in turn order, sessions in order, groups
-    in order of first appearance; verl's keys `{uid}_{session}_{index}` say where each row belongs."""
+    in order of first appearance; verl's keys (`SampleKey`) say where each row belongs."""
     groups: dict[str, dict[int, dict[int, int]]] = {}
     for row, (key, padding) in enumerate(zip(keys, is_padding, strict=True)):
         if not padding:
-            uid, session, index = key.rsplit("_", 2)
-            groups.setdefault(uid, {}).setdefault(int(session), {})[int(index)] = row
+            sample = SampleKey.parse(key)
+            groups.setdefault(sample.uid, {}).setdefault(sample.session, {})[sample.index] = row
     return {
         uid: [[turns[index] for index in sorted(turns)] for _, turns in sorted(sessions.items())]
         for uid, sessions in groups.items()
@@ -112,7 +113,7 @@ def fetch_records(
             for i in indices
         ]
         final = indices[-1]
-        uid, session, _ = wanted[final].rsplit("_", 2)
+        sample = SampleKey.parse(wanted[final])
         extra_info = columns["extra_info"][final] or {}
         try:
             record = build_record(
@@ -124,8 +125,8 @@ def fetch_records(
                 golden_answers=(columns["reward_model"][final] or {}).get("ground_truth"),
                 reward=float(sum(columns["rm_scores"][final])),
                 reward_info=contexts[-1].extra_fields.get("reward_extra_info") or {},
-                uid=uid,
-                session=int(session),
+                uid=sample.uid,
+                session=sample.session,
                 row_id=extra_info.get("id", extra_info.get("index")),
             )
         except (KeyError, TypeError, ValueError) as error:  # one odd trajectory costs its record only

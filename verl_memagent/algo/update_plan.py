@@ -31,6 +31,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
+from verl_memagent.algo.sample_key import SampleKey
+
 
 @dataclass(frozen=True)
 class UpdatePlan:
@@ -107,13 +109,12 @@ def plan_update(
 
 def data_order(keys: Sequence[str], is_padding: Sequence[bool], prompt_index: Sequence[int]) -> np.ndarray:
     """Each row's rank in the data's order: its prompt (dataset `index`, then verl's uid), its
-    trajectory (session) and its turn, from verl's sample keys `{uid}_{session}_{turn}`. Padding rows
+    trajectory (session) and its turn, from verl's sample keys (`SampleKey`). Padding rows
     (whose `prompt_index` is not read) rank after every real row."""
     ranked = sorted(
-        (int(prompt_index[row]), uid, int(session), int(turn), row)
+        (int(prompt_index[row]), *SampleKey.parse(key), row)
         for row, (key, pad) in enumerate(zip(keys, is_padding, strict=True))
         if not pad
-        for uid, session, turn in [key.rsplit("_", 2)]
     )
     order = np.empty(len(keys), dtype=np.int64)
     order[[row for *_, row in ranked]] = np.arange(len(ranked))

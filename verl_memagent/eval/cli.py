@@ -221,7 +221,7 @@ def _in_process_generator(options: EvalOptions):
     generator = HFGenerator.from_pretrained(
         options.model,
         max_model_len=options.prompt_length + options.response_length,
-        default_max_tokens=options.max_new_tokens or 512,
+        default_max_tokens=options.response_length,  # as verl's rollout: a request without max_tokens
         dtype=dtype,
     )
     generator.model.to(device)
@@ -244,15 +244,24 @@ def run(options: EvalOptions) -> int:
 
     from verl_memagent.agent import verl_trainer_config
     from verl_memagent.eval.openai_client import CompletionsClient
-    from verl_memagent.eval.runner import SUMMARY_FILE, evaluate
+    from verl_memagent.eval.runner import SUMMARY_FILE, EvalPlan, evaluate
     from verl_memagent.eval.tasks import load_datasets
 
     tokenizer = AutoTokenizer.from_pretrained(options.tokenizer_path)
     datasets = load_datasets(
         list(options.data), options.limit, objectives=options.objectives, num_tasks=options.num_tasks, seed=options.seed
     )
-    settings = options.agent_settings()
-    trainer_config = verl_trainer_config(prompt_length=options.prompt_length, response_length=options.response_length)
+    plan = EvalPlan(
+        list(options.agents),
+        options.agent_settings(),
+        options.sampling_params(),
+        verl_trainer_config(prompt_length=options.prompt_length, response_length=options.response_length),
+        options.concurrency,
+        _model_type(options.tokenizer_path),
+        options.agent_loops_path,
+        options.run_info(),
+        options.judge(),
+    )
 
     async def main() -> dict[str, Any]:
         if options.model:
@@ -260,21 +269,7 @@ def run(options: EvalOptions) -> int:
         else:
             generator = CompletionsClient(options.server, options.served_model, api_key=options.api_key)
         try:
-            return await evaluate(
-                generator,
-                tokenizer,
-                list(options.agents),
-                datasets,
-                options.out,
-                settings=settings,
-                sampling_params=options.sampling_params(),
-                trainer_config=trainer_config,
-                concurrency=options.concurrency,
-                hf_model_type=_model_type(options.tokenizer_path),
-                agent_loops=options.agent_loops_path,
-                run_info=options.run_info(),
-                judge=options.judge(),
-            )
+            return await evaluate(generator, tokenizer, datasets, options.out, plan)
         finally:
             if isinstance(generator, CompletionsClient):
                 await generator.aclose()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import json
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -50,42 +51,53 @@ async def check_retriever(urls: list[str]) -> None:
     )
 
 
-async def evaluate(
-    generator,
-    tokenizer,
-    agents: list[str],
-    datasets: dict[str, list[dict[str, Any]]],
-    out_dir: str | Path,
-    *,
-    settings: dict[str, dict[str, Any]],
-    sampling_params: dict[str, Any],
-    trainer_config,
-    concurrency: int = 32,
-    hf_model_type: str | None = None,
-    agent_loops: str | Path = AGENT_LOOPS_YAML,
-    run_info: dict[str, Any] | None = None,
-    judge: JudgeSettings | None = None,
-) -> dict[str, Any]:
-    """Run every agent on every task (`datasets`: name -> verl rows), write the three outputs, return the summary.
+@dataclass(frozen=True)
+class EvalPlan:
+    """Which agents an evaluation runs and how: their `settings` (per agent), the `sampling_params` verl's
+    worker sends (temperature, top_p, top_k, repetition_penalty, logprobs), verl's `trainer_config` their
+    loops are built with, from the agent-loop YAML `agent_loops`, with the model's `hf_model_type`; tasks
+    run `concurrency` at a time. `run_info` (model, server, ...) is copied into the summary as `run`. With
+    `judge`, an LLM judges every answer once all tasks ran (`eval.judge`): its verdicts go into the
+    examples and the trajectory records, its accuracy into the summary."""
 
-    `sampling_params` are what verl's worker sends (temperature, top_p, top_k, repetition_penalty,
-    logprobs); `run_info` (model, server, ...) is copied into the summary as `run`. With `judge`, an
-    LLM judges every answer once all tasks ran (`eval.judge`): its verdicts go into the examples and
-    the trajectory records, its accuracy into the summary.
-    """
-    if concurrency < 1:
-        raise ValueError(f"concurrency: expected a positive integer, got {concurrency}")
+    agents: list[str]
+    settings: dict[str, dict[str, Any]]
+    sampling_params: dict[str, Any]
+    trainer_config: Any
+    concurrency: int = 32
+    hf_model_type: str | None = None
+    agent_loops: str | Path = AGENT_LOOPS_YAML
+    run_info: dict[str, Any] | None = None
+    judge: JudgeSettings | None = None
+
+    def __post_init__(self) -> None:
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency: expected a positive integer, got {self.concurrency}")
+
+
+async def evaluate(
+    generator, tokenizer, datasets: dict[str, list[dict[str, Any]]], out_dir: str | Path, plan: EvalPlan
+) -> dict[str, Any]:
+    """Run every agent of `plan` on every task (`datasets`: name -> verl rows) through `generator`, write the
+    three outputs to `out_dir`, return the summary."""
+    agents, settings, sampling_params = plan.agents, plan.settings, plan.sampling_params
 
     def build(agent: str):  # a fresh loop per question, as verl's worker makes one per sample
         return instantiate_agent_loop(
-            agent, trainer_config, generator, tokenizer, hf_model_type, path=agent_loops, **settings[agent]
+            agent,
+            plan.trainer_config,
+            generator,
+            tokenizer,
+            plan.hf_model_type,
+            path=plan.agent_loops,
+            **settings[agent],
         )
 
     for agent in agents:  # bad settings or a dead retriever fail here, before any question runs
         await check_retriever(build(agent).retriever.urls)
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    slots = asyncio.Semaphore(concurrency)
+    slots = asyncio.Semaphore(plan.concurrency)
 
     async def run_one(agent: str, dataset: str, session: int, row: dict[str, Any]):
         async with slots:
@@ -112,11 +124,11 @@ async def evaluate(
             records.append(record)
             trajectories.append(trajectory)
             bar.update()
-    if judge is not None:
-        trajectories = await judged(records, trajectories, judge, out_dir / EXAMPLES_FILE)
+    if plan.judge is not None:
+        trajectories = await judged(records, trajectories, plan.judge, out_dir / EXAMPLES_FILE)
     write_records(records_path(out_dir / TRAJECTORIES_DIR, "eval"), trajectories)
     summary = {
-        "run": run_info or {},
+        "run": plan.run_info or {},
         "agents": summarise(records),
         "datasets": {name: len(rows) for name, rows in datasets.items()},
         "sampling_params": sampling_params,

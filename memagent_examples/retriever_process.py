@@ -1,6 +1,6 @@
 """Run a retriever server as a child process on a free loopback port and wait until it is ready.
 
-Tests, benchmarks and scripts start servers the same way: the command gets `--port-file FILE`
+The examples' sweeps, the benchmarks and the tests start servers the same way: the command gets `--port-file FILE`
 (with `--port 0` the server binds a free port and writes it there), and the server counts as up
 once `GET /health` answers (`verl_memagent.search.endpoint`'s probe). The child's stderr goes to a log
 file that start-up errors quote; its folder is removed when the Python process that started the server
@@ -116,14 +116,14 @@ class ServerProcess:
 
     def rss_mb(self) -> float:
         """Resident memory of the server and its search processes now (Linux /proc VmRSS), in MB."""
-        return round(sum(_status_kb(pid, "VmRSS") for pid in _with_descendants(self.process.pid)) / 1024, 1)
+        return round(sum(status_kb(pid, "VmRSS") for pid in with_descendants(self.process.pid)) / 1024, 1)
 
     def peak_rss_mb(self) -> float:
         """Peak resident memory of the server and its search process (Linux /proc VmHWM), in MB.
 
         The sum of each process's own peak: an upper bound of their peak together, which also counts
         the memory-mapped pages both read twice."""
-        return round(sum(_status_kb(pid, "VmHWM") for pid in _with_descendants(self.process.pid)) / 1024, 1)
+        return round(sum(status_kb(pid, "VmHWM") for pid in with_descendants(self.process.pid)) / 1024, 1)
 
     def connect(self, timeout_s: float = 10.0) -> socket.socket:
         """A raw TCP connection to the server, for tests that write HTTP by hand."""
@@ -143,16 +143,16 @@ def _read(path: str) -> str:
         return ""
 
 
-def _with_descendants(pid: int) -> list[int]:
+def with_descendants(pid: int) -> list[int]:
     """`pid` and every process below it, from /proc/PID/task/*/children (any thread may have started one)."""
     pids = [pid]
     for task in Path(f"/proc/{pid}/task").glob("*/children"):
         for child in _read(str(task)).split():
-            pids += _with_descendants(int(child))
+            pids += with_descendants(int(child))
     return pids
 
 
-def _status_kb(pid: int, field: str) -> int:
+def status_kb(pid: int, field: str) -> int:
     for line in _read(f"/proc/{pid}/status").splitlines():
         if line.startswith(f"{field}:"):
             return int(line.split()[1])

@@ -1,0 +1,92 @@
+"""The sweep's records: one per cell (agent, phase, RL seed, k objectives, evaluation door set), each with
+what it was measured on and grown from. Read back to resume a sweep and to report it."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections import defaultdict
+from collections.abc import Sequence
+from pathlib import Path
+
+AGENTS = ("memsearcher", "mem1", "react")
+OBJECTIVES = (1, 2, 4, 8)
+#: evaluation door sets and the questions composed from each at every k
+EVAL_TASKS = {"held_out": 24, "unseen": 16}
+#: objectives per RL question: two, as MEM1 trains; other sets (`--rl-objectives`) are phases of their own
+RL_OBJECTIVES = (2,)
+
+
+def rl_suffix(rl_objectives: tuple[int, ...]) -> str:
+    """'' for MEM1's RL set (k = 2), whose names predate the option; `_k1-2-4-8` for another."""
+    return "" if tuple(rl_objectives) == RL_OBJECTIVES else "_k" + "-".join(str(k) for k in rl_objectives)
+
+
+def phase_label(phase: str, rl_objectives: Sequence[int] | None) -> str:
+    """A cell's phase, its RL set named where it is not MEM1's: `after_rl`, `after_rl_k1-2-4-8`."""
+    return phase + rl_suffix(tuple(rl_objectives)) if phase == "after_rl" else phase
+
+
+def record_phase(record: dict) -> str:
+    return phase_label(record["phase"], record.get("rl_objectives"))  # null before RL
+
+
+def file_digest(path: Path) -> str:
+    """The first 16 hex digits of the file's sha256: which warm start a record's policy grew from (a warm
+    start built on another CPU is another model, so a sweep resumed elsewhere must not mix them)."""
+    return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
+
+
+def cell_records(
+    agent: str, phase: str, seed: int | None, k: int, door_sets: list[str], out: Path, wall_s: float
+) -> list[dict]:
+    """One record per evaluation set of an eval run at k objectives (its summary and examples)."""
+    summary = json.loads((out / "summary.json").read_text())
+    examples = [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]
+    tasks = sum(summary["datasets"].values())
+    records = []
+    for name in door_sets:
+        scores = summary["agents"][agent]["datasets"][f"{name}_k{k}"]
+        mine = [e for e in examples if e["dataset"] == f"{name}_k{k}"]
+        contexts = [c for e in mine for c in e["contexts"]]
+        records.append(
+            {
+                "agent": agent,
+                "objectives": k,
+                "seed": seed,
+                "phase": phase,
+                "door_set": name,
+                "questions": scores["n"],
+                "em": scores["em_fraction"],
+                "em_all": scores["em"],
+                "peak_context_tokens": scores["mean_peak_context_tokens"],
+                "max_peak_context_tokens": scores["peak_context_tokens"],
+                "prefill_tokens_per_question": sum(c["prefill_tokens"] for c in contexts) / len(mine),
+                "decoded_tokens_per_question": sum(c["generated_tokens"] for c in contexts) / len(mine),
+                "seconds_per_question": wall_s / tasks,
+                "turns": scores["mean_turns"],
+                "answered": scores["answered"],
+                "finish_reasons": scores["finish_reasons"],
+            }
+        )
+    return records
+
+
+def check_one_warm_start(records: list[dict]) -> None:
+    """Refuse an agent's records grown from two warm starts: two builds' policies are different models,
+    and a mean over both is of neither."""
+    starts = defaultdict(set)
+    for r in records:
+        starts[r["agent"]].add(r["warm_start_sha256"])
+    if mixed := {agent: sorted(shas) for agent, shas in starts.items() if len(shas) > 1}:
+        raise ValueError(f"records from more than one warm start {mixed}: keep one build's records in the JSON")
+
+
+def report_line(records: list[dict], agent: str, phase: str, seed: int) -> str:
+    mine = [
+        r
+        for r in records
+        if (r["agent"], record_phase(r), r["seed"], r["door_set"]) == (agent, phase, seed, "held_out")
+    ]
+    ems = " ".join(f"k{r['objectives']} {r['em']:.2f}" for r in sorted(mine, key=lambda r: r["objectives"]))
+    return f"{agent} seed {seed} {phase}, held-out EM per objective: {ems}"
