@@ -46,6 +46,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from step_arithmetic import forward_flops, matmul_rate, model_shapes
+
 ROOT = Path(__file__).resolve().parent.parent
 START = ROOT / "memagent_examples" / "learn_codes" / "start"
 PHASES = ("gen", "old_log_prob", "ref", "update_actor")
@@ -174,24 +176,27 @@ def launch(config: Config, tree: Path, task: Path, out: Path, steps: int) -> dic
         "+trainer.trajectories.per_step=100000",  # every trajectory's record: the step's rows and lengths
         *config.overrides,
     ]
+    metrics = out / "metrics.jsonl"
     with (out / "train.log").open("w") as log:
-        done = subprocess.run(
-            ["bash", "-c", LAUNCH, "rl_step", *overrides],
-            env=env,
-            stdout=log,
-            stderr=subprocess.STDOUT,
-            cwd=tree,
-            check=False,
+        process = subprocess.Popen(
+            ["bash", "-c", LAUNCH, "rl_step", *overrides], env=env, stdout=log, stderr=subprocess.STDOUT, cwd=tree
         )
+        first_line_at = None  # when verl logged step 1: its start is that less the step's own time
+        while process.poll() is None:
+            if first_line_at is None and metrics.is_file() and metrics.stat().st_size:
+                first_line_at = time.time()
+            time.sleep(0.2)
     finished = time.time()
-    if done.returncode != 0:
-        raise SystemExit(f"{config.name}: the launch failed ({done.returncode}); see {out / 'train.log'}")
-    lines = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+    if process.returncode != 0:
+        raise SystemExit(f"{config.name}: the launch failed ({process.returncode}); see {out / 'train.log'}")
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
     launched = float((out / "launched_at").read_text())
     total = sum(line["data"]["timing_s/step"] for line in lines)
     return {
         "config": config.name,
         "steps": [step_figures(line, out) for line in lines],
+        # from verl's launch to the start of step 1 (its agent-loop and reward workers start inside it)
+        "to_first_step_s": round(first_line_at - launched - lines[0]["data"]["timing_s/step"], 1),
         # verl's start and end around its steps: the launch's wall time less the steps' own time
         "outside_steps_s": round(finished - launched - total, 1),
     }
@@ -213,62 +218,6 @@ def step_figures(line: dict, out: Path) -> dict:
         "lengths": lengths,
         "padding_rows": int(data.get("multi_context/padding_rows", 0)),
     }
-
-
-def model_shapes(model: Path) -> dict:
-    config = json.loads((model / "config.json").read_text())
-    heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
-    hidden = config["hidden_size"]
-    kv = hidden // heads * kv_heads
-    # per layer: q, k, v, o projections and the gated MLP's three matrices (multiply-adds per token)
-    layer = hidden * (hidden + 2 * kv + hidden) + 3 * hidden * config["intermediate_size"]
-    return {
-        "hidden": hidden,
-        "layers": config["num_hidden_layers"],
-        "vocab": config["vocab_size"],
-        "intermediate": config["intermediate_size"],
-        "layer_macs": layer,
-        "kv": kv,
-    }
-
-
-def forward_flops(lengths: list[tuple[int, int]], shapes: dict) -> float:
-    """Floating-point operations of one forward over the rows: every token through the layers, causal
-    attention (scores and weighted sum) over each row's pairs, the head at response positions."""
-    flops = 0.0
-    for prompt, response in lengths:
-        tokens = prompt + response
-        flops += 2 * tokens * shapes["layer_macs"] * shapes["layers"]
-        flops += 2 * 2 * shapes["hidden"] * tokens * (tokens + 1) / 2 * shapes["layers"]
-        flops += 2 * response * shapes["hidden"] * shapes["vocab"]
-    return flops
-
-
-def matmul_rate(shapes: dict, tokens: int = 4096, repeats: int = 20) -> float:
-    """Floating-point operations a second of this CPU, one thread, on the model's own matrix shapes."""
-    import torch
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    try:
-        x = torch.randn(tokens, shapes["hidden"])
-        weights = [
-            torch.randn(shapes["hidden"], n)
-            for n in (shapes["hidden"], shapes["kv"], shapes["intermediate"], shapes["vocab"])
-        ]
-        wide = torch.randn(tokens, shapes["intermediate"])
-        down = torch.randn(shapes["intermediate"], shapes["hidden"])
-        flops = 2 * tokens * shapes["hidden"] * (sum(w.shape[1] for w in weights) + shapes["intermediate"])
-        best = float("inf")
-        for _ in range(repeats):
-            began = time.perf_counter()
-            for w in weights:
-                x @ w
-            wide @ down
-            best = min(best, time.perf_counter() - began)
-        return flops / best
-    finally:
-        torch.set_num_threads(threads)
 
 
 def engine_padding(path: Path) -> dict:
@@ -305,6 +254,7 @@ def summarize(name: str, launches: list[dict], shapes: dict, rate: float) -> dic
         "real_tokens": median([sum(p + r for p, r in s["lengths"]) for s in steps]),
         "response_tokens": median([sum(r for _, r in s["lengths"]) for s in steps]),
         "outside_steps_s": median([launched["outside_steps_s"] for launched in launches]),
+        "to_first_step_s": median([launched["to_first_step_s"] for launched in launches]),
         "first_step_s": median([launched["steps"][0]["seconds"]["step"] for launched in launches]),
     }
 

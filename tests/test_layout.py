@@ -226,10 +226,10 @@ def test_the_map_is_read_from_the_design_table():
     assert search_row in design
     widened = design.replace(search_row, "probe (`endpoint.py`) | httpx, `output_fields` |")
     assert may_import(widened)["search"] == ("output_fields",)
-    narrowed = design.replace("`hf_generator`, `import_hooks` |", "`import_hooks` |")
+    narrowed = design.replace("`generation`, `import_hooks` |", "`import_hooks` |")
     assert unlisted_imports("cpu", map_=may_import(narrowed)) == [
-        "verl_memagent.cpu.hf_rollout imports verl_memagent.hf_generator",
-        "verl_memagent.cpu.hf_rollout imports verl_memagent.hf_generator.HFGenerator",
+        "verl_memagent.cpu.hf_rollout imports verl_memagent.generation.generator",
+        "verl_memagent.cpu.hf_rollout imports verl_memagent.generation.generator.HFGenerator",
     ]
 
 

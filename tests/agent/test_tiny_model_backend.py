@@ -41,7 +41,7 @@ class Recording:
 
 @pytest.fixture(scope="module")
 def engine(tiny_model, tokenizer):
-    from verl_memagent.hf_generator import HFGenerator
+    from verl_memagent.generation.generator import HFGenerator
 
     return HFGenerator(
         tiny_model, tokenizer, eos_token_ids={tokenizer.eos_token_id}, max_model_len=8192, default_max_tokens=32, seed=0

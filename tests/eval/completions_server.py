@@ -17,7 +17,7 @@ import uvicorn
 from fastapi import FastAPI
 from pydantic import BaseModel
 
-from verl_memagent.hf_generator import HFGenerator
+from verl_memagent.generation.generator import HFGenerator
 
 MODEL_NAME = "tiny-qwen2"
 

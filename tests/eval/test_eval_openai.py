@@ -10,7 +10,7 @@ import pytest
 from completions_server import MODEL_NAME, CompletionsServer
 
 from verl_memagent.eval.openai_client import CompletionsClient, MissingTokenIdsError
-from verl_memagent.hf_generator import HFGenerator
+from verl_memagent.generation.generator import HFGenerator
 
 
 def tiny_generator(tiny_model, tokenizer) -> HFGenerator:

@@ -115,6 +115,19 @@ class MultiContextTrainerMixin(UpdateStepsMixin):
         check_rollout_correction(config)
         super().__init__(config, *args, **kwargs)
 
+    def _build_replay_buffer(self):
+        """verl's replay buffer polls TransferQueue for finished groups every 2 s (a constructor default no
+        config reaches): the rollout's wait for its last group rounds up to that grain.
+        `trainer.v1.sampler.poll_interval` (ours) sets it; the CPU recipes poll every 0.2 s, where a
+        step's rollout takes seconds."""
+        buffer = super()._build_replay_buffer()
+        interval = OmegaConf.select(self.config, "trainer.v1.sampler.poll_interval")
+        if interval is not None:
+            if not float(interval) > 0:
+                raise ValueError(f"trainer.v1.sampler.poll_interval must be > 0 seconds, got {interval!r}")
+            buffer.poll_interval = float(interval)
+        return buffer
+
     @property
     def trainer_mode(self) -> str:
         """The mode of the verl trainer this one extends, never our registered name: verl assigns

@@ -30,7 +30,7 @@ from verl.workers.config import RolloutConfig
 from verl.workers.rollout.base import BaseRollout
 from verl.workers.rollout.replica import RolloutMode, RolloutReplica, TokenOutput
 
-from verl_memagent.hf_generator import HFGenerator
+from verl_memagent.generation.generator import HFGenerator
 
 NAME = "hf"
 

@@ -214,7 +214,7 @@ def _model_type(path: str) -> str | None:
 def _in_process_generator(options: EvalOptions):
     import torch
 
-    from verl_memagent.hf_generator import HFGenerator
+    from verl_memagent.generation.generator import HFGenerator
 
     device = options.device or ("cuda" if torch.cuda.is_available() else "cpu")
     dtype = torch.bfloat16 if device.startswith("cuda") else torch.float32

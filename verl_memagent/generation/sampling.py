@@ -1,4 +1,4 @@
-"""One decoding step's sampling for a batch of `hf_generator` requests, with vLLM's semantics: repetition
+"""One decoding step's sampling for a batch of `generator` requests, with vLLM's semantics: repetition
 penalty, temperature, top-k, top-p, then a draw from each row's own generator (its `seed`) or, for the
 rows without one, one draw for all of them from the caller's generator, and the processed
 log-probability of the sampled token (vLLM's `processed_logprobs`)."""
@@ -15,7 +15,7 @@ GREEDY_EPS = 1e-5
 
 class BatchSampler:
     """Per-row sampling with vLLM's order: repetition penalty, temperature, top-k, top-p, then sample.
-    `batch` holds the rows' requests (`hf_generator`'s): their `temperature`, `top_k`, `top_p`,
+    `batch` holds the rows' requests (`requests.Request`): their `temperature`, `top_k`, `top_p`,
     `repetition_penalty` and `generator` (None: the caller's default)."""
 
     def __init__(self, batch: Sequence, device: torch.device) -> None:

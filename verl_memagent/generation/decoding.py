@@ -25,7 +25,7 @@ from transformers.cache_utils import DynamicLayer
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
-from verl_memagent.hf_prefix_cache import PrefixCache
+from verl_memagent.generation.prefix_cache import PrefixCache
 
 #: the attention implementation name `register_attention` gives transformers
 ATTENTION = "memagent_decode"

@@ -11,7 +11,7 @@ import torch
 from transformers import AutoModelForCausalLM
 from verl.utils.torch_functional import logprobs_from_logits
 
-from verl_memagent.hf_generator import HFGenerator
+from verl_memagent.generation.generator import HFGenerator
 
 TEXTS = [
     "<question> who wrote the book </question>",
@@ -186,7 +186,7 @@ def test_loading_prints_nothing_and_leaves_the_progress_bar_as_it_was(tiny_model
     one has touched it)."""
     load = (
         "from transformers.utils import logging\n"
-        "from verl_memagent.hf_generator import HFGenerator\n"
+        "from verl_memagent.generation.generator import HFGenerator\n"
         f"HFGenerator.from_pretrained({str(tiny_model_dir)!r}, max_model_len=96, default_max_tokens=32)\n"
         "assert logging.is_progress_bar_enabled()\n"
     )

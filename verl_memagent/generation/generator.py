@@ -15,7 +15,7 @@ verl's agent loops talk to an inference server through one call,
 - returned token ids end with the token that stopped generation (EOS, a stop token, or the token that
   completed a stop string), as vLLM's `token_ids` do: the agent loop trains on exactly these ids.
 
-Concurrent `generate` calls decode together with continuous batching (`hf_decoding.RunningBatch`): a
+Concurrent `generate` calls decode together with continuous batching (`decoding.RunningBatch`): a
 request arriving while others decode is prefilled and joins them at the next step, a row that stops
 leaves at once. Each step runs in a worker thread so the event loop keeps serving.
 """
@@ -25,54 +25,16 @@ from __future__ import annotations
 import asyncio
 import threading
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 import torch
 from verl.workers.rollout.replica import TokenOutput
 
-from verl_memagent.hf_decoding import ATTENTION, RunningBatch, register_attention
-from verl_memagent.hf_prefix_cache import PrefixCache
-from verl_memagent.hf_sampling import BatchSampler
-
-_KNOWN_KEYS = frozenset(
-    {
-        "temperature",
-        "top_p",
-        "top_k",
-        "repetition_penalty",
-        "logprobs",
-        "max_tokens",
-        "max_new_tokens",
-        "stop",
-        "stop_token_ids",
-        "ignore_eos",
-        "seed",
-        # vLLM's flag only shapes the returned text; the token ids end with the stop token either way
-        "include_stop_str_in_output",
-    }
-)
-
-
-@dataclass
-class _Request:
-    """One `generate` call, validated, with the future its caller awaits."""
-
-    prompt_ids: list[int]
-    max_tokens: int
-    temperature: float
-    top_p: float
-    top_k: int
-    repetition_penalty: float
-    want_logprobs: bool
-    stop: list[str]
-    stop_token_ids: set[int]
-    generator: torch.Generator | None
-    future: asyncio.Future
-    token_ids: list[int] = field(default_factory=list)
-    log_probs: list[float] = field(default_factory=list)
-    finish_reason: str | None = None
+from verl_memagent.generation.decoding import ATTENTION, RunningBatch, register_attention
+from verl_memagent.generation.prefix_cache import PrefixCache
+from verl_memagent.generation.requests import Request
+from verl_memagent.generation.sampling import BatchSampler
 
 
 class HFGenerator:
@@ -87,7 +49,7 @@ class HFGenerator:
         max_batch_size: at most this many requests decode together.
         batch_wait_s: after the first request of a batch arrives, wait this long for others to join.
         prefix_cache_bytes: keys and values of finished sequences kept for prompts that repeat them
-            (`hf_prefix_cache`); 0 keeps none.
+            (`prefix_cache`); 0 keeps none.
         seed: seeds sampling for requests that bring no `seed` of their own.
     """
 
@@ -120,7 +82,7 @@ class HFGenerator:
         self._decoding_state = threading.Condition()
         self._decoding = False
         self._loads_waiting = 0
-        self._queue: asyncio.Queue[_Request] | None = None
+        self._queue: asyncio.Queue[Request] | None = None
         self._loop: asyncio.AbstractEventLoop | None = None
         self._worker: asyncio.Task | None = None
 
@@ -212,7 +174,9 @@ class HFGenerator:
         if media:
             raise ValueError(f"hf rollout generates text only; got {sorted(media)} for request {request_id}")
         self._ensure_worker()
-        request = self._make_request(list(prompt_ids), dict(sampling_params))
+        request = Request.of(
+            list(prompt_ids), dict(sampling_params), self.max_model_len, self.default_max_tokens, self.eos_token_ids
+        )
         await self._queue.put(request)
         await request.future
         return TokenOutput(
@@ -220,50 +184,6 @@ class HFGenerator:
             log_probs=request.log_probs if request.want_logprobs else None,
             stop_reason="completed",
             extra_fields={"finish_reason": request.finish_reason, "global_steps": self.global_steps},
-        )
-
-    def _make_request(self, prompt_ids: list[int], params: dict[str, Any]) -> _Request:
-        unknown = set(params) - _KNOWN_KEYS
-        if unknown:
-            raise ValueError(
-                f"hf rollout: unsupported sampling_params {sorted(unknown)}; supported: {sorted(_KNOWN_KEYS)}"
-            )
-        if not prompt_ids:
-            raise ValueError("hf rollout: prompt_ids is empty")
-        room = self.max_model_len - len(prompt_ids)
-        if room < 1:
-            raise ValueError(
-                f"hf rollout: prompt of {len(prompt_ids)} tokens leaves no room within "
-                f"max_model_len={self.max_model_len}"
-            )
-        max_tokens = params.get("max_tokens", params.get("max_new_tokens"))
-        max_tokens = self.default_max_tokens if max_tokens is None else int(max_tokens)
-        if max_tokens < 1:
-            raise ValueError(f"hf rollout: max_tokens must be >= 1, got {max_tokens}")
-        temperature = float(params.get("temperature", 1.0))
-        top_p = float(params.get("top_p", 1.0))
-        top_k = int(params.get("top_k", -1))
-        penalty = float(params.get("repetition_penalty", 1.0))
-        if temperature < 0 or not 0 < top_p <= 1 or top_k < -1 or penalty <= 0:
-            raise ValueError(
-                f"hf rollout: invalid sampling_params temperature={temperature} (>= 0), top_p={top_p} (in (0, 1]), "
-                f"top_k={top_k} (-1, 0 or positive), repetition_penalty={penalty} (> 0)"
-            )
-        stop = params.get("stop") or []
-        seed = params.get("seed")
-        return _Request(
-            prompt_ids=prompt_ids,
-            max_tokens=min(max_tokens, room),
-            temperature=temperature,
-            top_p=top_p,
-            top_k=top_k,
-            repetition_penalty=penalty,
-            want_logprobs=bool(params.get("logprobs", False)),
-            stop=[stop] if isinstance(stop, str) else list(stop),
-            stop_token_ids=set(params.get("stop_token_ids") or [])
-            | (set() if params.get("ignore_eos", False) else self.eos_token_ids),
-            generator=None if seed is None else torch.Generator().manual_seed(int(seed)),
-            future=asyncio.get_running_loop().create_future(),
         )
 
     def _ensure_worker(self) -> None:
@@ -274,9 +194,9 @@ class HFGenerator:
             self._queue = asyncio.Queue()
             self._worker = loop.create_task(self._serve(self._queue))
 
-    async def _serve(self, queue: asyncio.Queue[_Request]) -> None:
+    async def _serve(self, queue: asyncio.Queue[Request]) -> None:
         batch: RunningBatch | None = None
-        waiting: list[_Request] = []
+        waiting: list[Request] = []
         while True:
             if batch is None and not waiting:
                 waiting.append(await queue.get())
@@ -308,9 +228,7 @@ class HFGenerator:
             self._decoding_state.notify_all()
 
     @torch.inference_mode()
-    def _advance(
-        self, batch: RunningBatch | None, joining: list[_Request]
-    ) -> tuple[RunningBatch | None, list[_Request]]:
+    def _advance(self, batch: RunningBatch | None, joining: list[Request]) -> tuple[RunningBatch | None, list[Request]]:
         """One step: the running rows decode a token, the joining requests are prefilled (their first token)
         and join them; returns the rows still decoding and the requests that finished."""
         if batch is None:
@@ -333,14 +251,4 @@ class HFGenerator:
         )
         batch.record(tokens)
         for request, token, log_prob in zip(batch.requests, tokens.tolist(), log_probs.tolist(), strict=True):
-            self._append(request, token, log_prob)
-
-    def _append(self, request: _Request, token: int, log_prob: float) -> None:
-        request.token_ids.append(token)
-        request.log_probs.append(log_prob)
-        if token in request.stop_token_ids:
-            request.finish_reason = "stop"
-        elif request.stop and any(s in self.tokenizer.decode(request.token_ids) for s in request.stop):
-            request.finish_reason = "stop"
-        elif len(request.token_ids) >= request.max_tokens:
-            request.finish_reason = "length"
+            request.append(token, log_prob, self.tokenizer)

@@ -8,8 +8,8 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from verl_memagent.hf_generator import HFGenerator
-from verl_memagent.hf_prefix_cache import PrefixCache
+from verl_memagent.generation.generator import HFGenerator
+from verl_memagent.generation.prefix_cache import PrefixCache
 
 GREEDY = {"temperature": 0, "logprobs": True, "ignore_eos": True}
 
