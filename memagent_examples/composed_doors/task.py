@@ -1,4 +1,4 @@
-"""The composed task's doors: four disjoint sets, their corpus and their questions (see the package's docstring)."""
+"""The composed task's doors: six disjoint sets, their corpus and their questions (see the package's docstring)."""
 
 from __future__ import annotations
 
@@ -14,12 +14,13 @@ import yaml
 from memagent_examples.doors import Door, single_token_words, write_questions
 from verl_memagent.data.flashrag import QARecord
 
-SETS = ("demos", "rl", "held_out", "unseen")
+#: the door sets in the corpus's order; the last two are drawn after the first four (which stay as they were)
+SETS = ("demos", "rl", "dev", "unseen", "rl_pool", "test")
 #: words of real passage text around each door's statement (wiki-18's passage size)
 PASSAGE_WORDS = 100
-#: the task's RL recipe: its `data` section is verl's prompt and response room, which the warm start's
-#: contexts and the sweep's scoring share (ReAct's whole history at 8 objectives fits)
-RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu" / "composed_doors.yaml"
+#: the task's settings its RL recipes share: its `data` section is verl's prompt and response room, which
+#: the warm start's contexts and the sweep's scoring share (ReAct's whole history at 8 objectives fits)
+RECIPE = Path(__file__).resolve().parents[2] / "recipes" / "cpu" / "composed_task.yaml"
 
 
 def context_lengths(recipe: Path = RECIPE) -> tuple[int, int]:
@@ -33,12 +34,14 @@ PROMPT_LENGTH, RESPONSE_LENGTH = context_lengths()
 
 @dataclass(frozen=True)
 class DoorSets:
-    """Four disjoint sets of doors; see the module's docstring."""
+    """Six disjoint sets of doors; see the package's docstring."""
 
     demos: tuple[Door, ...]
     rl: tuple[Door, ...]
-    held_out: tuple[Door, ...]
+    dev: tuple[Door, ...]
     unseen: tuple[Door, ...]
+    rl_pool: tuple[Door, ...]
+    test: tuple[Door, ...]
 
     def of(self, name: str) -> tuple[Door, ...]:
         if name not in SETS:
@@ -47,7 +50,7 @@ class DoorSets:
 
     def trained_words(self) -> set[str]:
         """Station and gate words of the doors the warm start or RL sees."""
-        return {word for door in self.demos + self.rl for word in (door.station, door.gate)}
+        return {word for door in self.demos + self.rl + self.rl_pool for word in (door.station, door.gate)}
 
 
 def make_door_sets(
@@ -56,21 +59,27 @@ def make_door_sets(
     gates: int = 40,
     passwords: int = 8,
     rl: int = 96,
-    held_out: int = 96,
+    dev: int = 96,
     unseen_stations: int = 8,
     unseen_gates: int = 8,
+    pool_side: int = 40,
+    test_side: int = 10,
     seed: int = 0,
 ) -> DoorSets:
-    """`stations` x `gates` doors split into `rl`, `held_out` and the demonstrations' rest, plus the
-    `unseen_stations` x `unseen_gates` doors of words no other door uses. Station, gate and password
-    words are disjoint; every password is drawn at random from the `passwords` words."""
+    """`stations` x `gates` doors split into `rl`, `dev` and the demonstrations' rest, plus the
+    `unseen_stations` x `unseen_gates` doors of words no other door uses; then, from words none of those
+    use, the `pool_side` x `pool_side` doors of `rl_pool` and the `test_side` x `test_side` doors of
+    `test`, drawn with a generator of their own so the first four sets are what they were before these
+    two existed. Station, gate and password words are disjoint; every password is drawn at random from
+    the `passwords` words."""
     needed = stations + gates + passwords + unseen_stations + unseen_gates
-    if needed > len(words):
-        raise ValueError(f"{len(words)} single-token words are too few for {needed}")
-    if rl + held_out >= stations * gates:
-        raise ValueError(f"rl + held_out = {rl + held_out} leave no demonstration doors of {stations * gates}")
+    if needed + 2 * (pool_side + test_side) > len(words):
+        raise ValueError(f"{len(words)} single-token words are too few for {needed + 2 * (pool_side + test_side)}")
+    if rl + dev >= stations * gates:
+        raise ValueError(f"rl + dev = {rl + dev} leave no demonstration doors of {stations * gates}")
     rng = random.Random(seed)
-    chosen = iter(rng.sample(list(words), needed))
+    picked = rng.sample(list(words), needed)
+    chosen = iter(picked)
     station_words, gate_words = [next(chosen) for _ in range(stations)], [next(chosen) for _ in range(gates)]
     codes = [next(chosen) for _ in range(passwords)]
     new_stations, new_gates = (
@@ -81,11 +90,22 @@ def make_door_sets(
     rng.shuffle(known)
     unseen = [Door(s, g, rng.choice(codes)) for s in new_stations for g in new_gates]
     rng.shuffle(unseen)
+    fresh = random.Random(f"fresh doors {seed}")
+    rest = iter(fresh.sample(sorted(set(words) - set(picked)), 2 * (pool_side + test_side)))
+
+    def grid(side: int) -> tuple[Door, ...]:
+        sides = [next(rest) for _ in range(side)], [next(rest) for _ in range(side)]
+        doors = [Door(s, g, fresh.choice(codes)) for s in sides[0] for g in sides[1]]
+        fresh.shuffle(doors)
+        return tuple(doors)
+
     return DoorSets(
-        demos=tuple(known[rl + held_out :]),
+        demos=tuple(known[rl + dev :]),
         rl=tuple(known[:rl]),
-        held_out=tuple(known[rl : rl + held_out]),
+        dev=tuple(known[rl : rl + dev]),
         unseen=tuple(unseen),
+        rl_pool=grid(pool_side),
+        test=grid(test_side),
     )
 
 
@@ -135,3 +155,24 @@ def write_door_sets(
 def read_door_sets(task_dir: Path) -> DoorSets:
     sets = json.loads((task_dir / "doors.json").read_text())
     return DoorSets(**{name: tuple(Door(**door) for door in sets[name]) for name in SETS})
+
+
+def fresh_rl_rows(doors: Sequence[Door], agent: str, objectives: Sequence[int], tasks: int, seed: int) -> list[dict]:
+    """verl rows of `tasks` RL questions, the k of each cycling through `objectives`, their doors dealt from
+    one seeded shuffle of `doors`: no door is asked twice, so remembering a door's password is worth nothing
+    (the papers' regime: every question new). Each row's `data_source` is `multi_objective_<k>`."""
+    from verl_memagent.data.compose import compose_multi_objective
+
+    pool = records(doors, "rl_pool")
+    order = list(range(len(pool)))
+    random.Random(seed).shuffle(order)
+    ks = [objectives[i % len(objectives)] for i in range(tasks)]
+    if sum(ks) > len(pool):
+        raise ValueError(f"{tasks} questions of k in {list(objectives)} need {sum(ks)} doors; the pool has {len(pool)}")
+    rows, dealt = [], iter(order)
+    for index, k in enumerate(ks):
+        task = [pool[next(dealt)] for _ in range(k)]
+        (row,) = compose_multi_objective(task, k, agent=agent, split="train", seed=seed + index, num_tasks=1)
+        row["extra_info"]["index"] = index
+        rows.append(row)
+    return rows

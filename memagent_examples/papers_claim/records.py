@@ -11,10 +11,14 @@ from pathlib import Path
 
 AGENTS = ("memsearcher", "mem1", "react")
 OBJECTIVES = (1, 2, 4, 8)
-#: evaluation door sets and the questions composed from each at every k
-EVAL_TASKS = {"held_out": 24, "unseen": 16}
+#: the dev split, on which every setting is chosen: door sets and the questions composed from each at every k
+EVAL_TASKS = {"dev": 24, "unseen": 16}
+#: the test split, scored only for the final figures
+TEST_TASKS = {"test": 24}
 #: objectives per RL question: two, as MEM1 trains; other sets (`--rl-objectives`) are phases of their own
 RL_OBJECTIVES = (2,)
+#: the RL regimes: MEM1's recipe (k = 2 on the 96 RL doors) and the papers' regime at CPU size (docs/papers_claim.md)
+REGIMES = ("mem1", "fresh")
 
 
 def rl_suffix(rl_objectives: tuple[int, ...]) -> str:
@@ -22,13 +26,21 @@ def rl_suffix(rl_objectives: tuple[int, ...]) -> str:
     return "" if tuple(rl_objectives) == RL_OBJECTIVES else "_k" + "-".join(str(k) for k in rl_objectives)
 
 
-def phase_label(phase: str, rl_objectives: Sequence[int] | None) -> str:
-    """A cell's phase, its RL set named where it is not MEM1's: `after_rl`, `after_rl_k1-2-4-8`."""
-    return phase + rl_suffix(tuple(rl_objectives)) if phase == "after_rl" else phase
+def phase_label(phase: str, rl_objectives: Sequence[int] | None, regime: str = "mem1", settings: str = "") -> str:
+    """A cell's phase: its RL set named where it is not MEM1's (`after_rl`, `after_rl_k1-2-4-8`); the papers'
+    regime by name and its settings' name, if any (`after_rl_fresh`, `after_rl_fresh_lr3e-5`)."""
+    if phase != "after_rl":
+        return phase
+    if regime == "mem1":
+        return phase + rl_suffix(tuple(rl_objectives))
+    return f"{phase}_{regime}" + (f"_{settings}" if settings else "")
 
 
 def record_phase(record: dict) -> str:
-    return phase_label(record["phase"], record.get("rl_objectives"))  # null before RL
+    """A record's phase label (records before the papers' regime carry no regime: MEM1's)."""
+    return phase_label(
+        record["phase"], record.get("rl_objectives"), record.get("regime") or "mem1", record.get("settings_name") or ""
+    )
 
 
 def file_digest(path: Path) -> str:
@@ -84,9 +96,7 @@ def check_one_warm_start(records: list[dict]) -> None:
 
 def report_line(records: list[dict], agent: str, phase: str, seed: int) -> str:
     mine = [
-        r
-        for r in records
-        if (r["agent"], record_phase(r), r["seed"], r["door_set"]) == (agent, phase, seed, "held_out")
+        r for r in records if (r["agent"], record_phase(r), r["seed"], r["door_set"]) == (agent, phase, seed, "dev")
     ]
     ems = " ".join(f"k{r['objectives']} {r['em']:.2f}" for r in sorted(mine, key=lambda r: r["objectives"]))
-    return f"{agent} seed {seed} {phase}, held-out EM per objective: {ems}"
+    return f"{agent} seed {seed} {phase}, dev EM per objective: {ems}"

@@ -1,5 +1,6 @@
 """The sweep's report, from its records alone: a table per evaluation door set (EM per objective, mean and
-spread over RL seeds, peak context tokens) and the papers' plot (EM, peak context and prefill against k)."""
+spread over RL seeds, peak context tokens) and the papers' plot (EM, peak context and prefill against k, a
+point per RL seed) on the test split where it was scored, else on the dev doors."""
 
 from __future__ import annotations
 
@@ -8,7 +9,14 @@ import statistics
 from collections import defaultdict
 from pathlib import Path
 
-from memagent_examples.papers_claim.records import AGENTS, EVAL_TASKS, OBJECTIVES, check_one_warm_start, record_phase
+from memagent_examples.papers_claim.records import (
+    AGENTS,
+    EVAL_TASKS,
+    OBJECTIVES,
+    TEST_TASKS,
+    check_one_warm_start,
+    record_phase,
+)
 
 
 def grouped(records: list[dict], door_set: str) -> dict[tuple, list[dict]]:
@@ -50,6 +58,11 @@ def table(records: list[dict], door_set: str) -> str:
     return "\n".join(lines)
 
 
+def figure_set(records: list[dict]) -> str:
+    """The door set the plot and the summary show: the test split once scored, else the dev doors."""
+    return next((name for name in TEST_TASKS if any(r["door_set"] == name for r in records)), "dev")
+
+
 def plot(records: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -57,7 +70,8 @@ def plot(records: list[dict], path: Path) -> None:
     import matplotlib.pyplot as plt
 
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
-    groups = grouped(records, "held_out")
+    door_set = figure_set(records)
+    groups = grouped(records, door_set)
     for agent in AGENTS:
         for phase in phases(records):
             style = {"before_rl": ":", "after_rl": "-"}.get(phase, "--")
@@ -68,11 +82,13 @@ def plot(records: list[dict], path: Path) -> None:
             ems = [statistics.mean(r["em"] for r in groups[(agent, phase, k)]) for k in ks]
             peaks = [statistics.mean(r["peak_context_tokens"] for r in groups[(agent, phase, k)]) for k in ks]
             prefill = [statistics.mean(r["prefill_tokens_per_question"] for r in groups[(agent, phase, k)]) for k in ks]
-            axes[0].plot(ks, ems, style, marker="o", label=label)
+            (line,) = axes[0].plot(ks, ems, style, label=label)
+            seeds = [(k, r["em"]) for k in ks for r in groups[(agent, phase, k)]]  # every seed: a spread is seen
+            axes[0].scatter(*zip(*seeds, strict=True), s=14, color=line.get_color())
             axes[1].plot(ks, peaks, style, marker="o", label=label)
             axes[2].plot(ks, prefill, style, marker="o", label=label)
     titles = (
-        "EM per objective (held-out doors)",
+        f"EM per objective ({door_set} doors; a point per RL seed)",
         "Peak context tokens per trajectory",
         "Tokens prefilled per question",
     )
@@ -90,14 +106,15 @@ def plot(records: list[dict], path: Path) -> None:
 def report(records: list[dict], plot_path: Path) -> dict:
     """Print each door set's table, draw the plot to `plot_path`, print and return the k = 8 summary."""
     check_one_warm_start(records)
-    for door_set in EVAL_TASKS:
-        print(f"\n{door_set} doors: EM per objective (mean ± sd over RL seeds) and mean peak context tokens\n")
-        print(table(records, door_set))
+    for door_set in [*EVAL_TASKS, *TEST_TASKS]:
+        if any(r["door_set"] == door_set for r in records):
+            print(f"\n{door_set} doors: EM per objective (mean ± sd over RL seeds) and mean peak context tokens\n")
+            print(table(records, door_set))
     plot(records, plot_path)
     print(f"\nplot: {plot_path}")
-    groups = grouped(records, "held_out")
+    groups = grouped(records, figure_set(records))
     k = max(OBJECTIVES)
-    summary = {"cpu": records[0]["cpu"] if records else None}
+    summary = {"cpu": records[0]["cpu"] if records else None, "door_set": figure_set(records)}
     for agent in AGENTS:
         after = groups.get((agent, "after_rl", k), [])
         if after:

@@ -20,13 +20,21 @@ import time
 from pathlib import Path
 
 from memagent_examples.build_records import cpu, read_record
-from memagent_examples.composed_doors.task import PROMPT_LENGTH, RESPONSE_LENGTH, read_door_sets, records
+from memagent_examples.composed_doors.task import (
+    PROMPT_LENGTH,
+    RESPONSE_LENGTH,
+    fresh_rl_rows,
+    read_door_sets,
+    records,
+)
 from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS, WARM_STEPS
+from memagent_examples.papers_claim.curves import save_curve
 from memagent_examples.papers_claim.records import (
     AGENTS,
     EVAL_TASKS,
     OBJECTIVES,
     RL_OBJECTIVES,
+    TEST_TASKS,
     cell_records,
     file_digest,
     phase_label,
@@ -39,6 +47,9 @@ from memagent_examples.retriever_process import ServerProcess, build_command, se
 REPO = Path(__file__).resolve().parents[2]
 #: RL questions composed at each of the RL objectives: one pass over the 96 RL doors at k = 2
 RL_TASKS_PER_OBJECTIVE = 48
+#: the papers' regime: the k of its RL questions, in turn, and its validation questions per dev set and k
+FRESH_OBJECTIVES = (1, 2, 4, 8)
+VAL_TASKS = 8
 AGENT_LOOPS = REPO / "recipes" / "cpu" / "composed_doors_agent_loops.yaml"
 #: the launcher of one RL run (`train_on_cpu composed_doors`)
 RL_LAUNCHER = REPO / "recipes" / "cpu" / "composed_doors.sh"
@@ -63,11 +74,14 @@ def once(done_dir: Path, make) -> Path:
 
 
 class Sweep:
-    """The sweep's pieces and cells. `objectives`, `eval_tasks` and `rl_overrides` (hydra overrides of
-    composed_doors.yaml) shrink it for a test; the benchmark runs the defaults. `rl_objectives` other
-    than MEM1's (2,) trains on questions of each of those k: its cells are phases of their own. `starts`:
-    a folder of warm starts, one per agent (the shipped `SHIPPED_STARTS`), which the build then does not
-    make."""
+    """The sweep's pieces and cells. `objectives`, `eval_tasks` and `rl_overrides` (hydra overrides of the
+    regime's recipe) shrink it for a test; the benchmark runs the defaults. `rl_objectives` other than
+    MEM1's (2,) trains on questions of each of those k: its cells are phases of their own. `regime`:
+    `mem1` (recipes/cpu/composed_doors.yaml) or `fresh`, the papers' regime (composed_doors_fresh.yaml:
+    fresh rl_pool doors at k = 1, 2, 4, 8, validated on the dev split), whose `settings` name a variant of
+    its `rl_overrides` (a phase of its own, the overrides in its records). `test` also scores the test
+    split. `starts`: a folder of warm starts, one per agent (the shipped `SHIPPED_STARTS`), which the build
+    then does not make. `curves`: where each RL run's curves are kept (`curves.save_curve`)."""
 
     def __init__(
         self,
@@ -82,11 +96,17 @@ class Sweep:
         rl_overrides: tuple[str, ...] = (),
         rl_objectives: tuple[int, ...] = RL_OBJECTIVES,
         starts: Path | None = None,
+        regime: str = "mem1",
+        settings: str = "",
+        test: bool = False,
+        curves: Path | None = None,
     ):
         self.work, self.results, self.lock = work, results, lock
         self.build_seed, self.copy_steps, self.warm_steps = build_seed, copy_steps, warm_steps
-        self.objectives, self.eval_tasks, self.rl_overrides = objectives, eval_tasks, rl_overrides
-        self.rl_objectives, self.starts = rl_objectives, starts
+        self.objectives, self.rl_overrides = objectives, rl_overrides
+        self.eval_tasks = {**eval_tasks, **(TEST_TASKS if test else {})}
+        self.rl_objectives, self.starts = (FRESH_OBJECTIVES if regime == "fresh" else rl_objectives), starts
+        self.regime, self.settings, self.curves = regime, settings, curves
         self.build = work / "build"
         self.records = json.loads(results.read_text()) if results.is_file() else []
         self.machine = cpu()  # read once: every record carries it
@@ -131,17 +151,46 @@ class Sweep:
         from verl_memagent.data.prepare import write_parquet
 
         sets = read_door_sets(self.build / "task")
-        for name, tasks in self.eval_tasks.items():
+        for name, tasks in {**EVAL_TASKS, **TEST_TASKS, **self.eval_tasks}.items():
             pool = records(sets.of(name), name)
             for k in self.objectives:
                 rows = task_rows(pool, "memsearcher", "test", objectives=k, num_tasks=tasks, seed=0)
                 write_parquet(rows, out / f"{name}_k{k}.parquet")
 
-    def rl_data(self, agent: str) -> Path:
-        """`agent`'s RL questions: `RL_TASKS_PER_OBJECTIVE` on the RL doors at each RL k, written once."""
+    def val_data(self, agent: str) -> Path:
+        """The papers' regime's validation questions: `VAL_TASKS` on each dev set at each k, their
+        `data_source` `<set>_k<k>` (verl's validation metrics per source), written once per agent."""
         from verl_memagent.data.compose import task_rows
         from verl_memagent.data.prepare import write_parquet
 
+        path = self.build / "data" / f"val_{agent}.parquet"
+        if not path.is_file():
+            sets = read_door_sets(self.build / "task")
+            rows = []
+            for name in EVAL_TASKS:
+                for k in self.objectives:
+                    pool = records(sets.of(name), name)
+                    for row in task_rows(pool, agent, "test", objectives=k, num_tasks=VAL_TASKS, seed=1):
+                        rows.append({**row, "data_source": f"{name}_k{k}"})
+            for index, row in enumerate(rows):
+                row["extra_info"]["index"] = index
+            write_parquet(rows, path)
+        return path
+
+    def rl_data(self, agent: str, seed: int) -> Path:
+        """`agent`'s RL questions, written once. MEM1's regime: `RL_TASKS_PER_OBJECTIVE` on the RL doors at
+        each RL k. The papers' regime: as many questions as the rl_pool's doors make, k cycling through
+        `FRESH_OBJECTIVES`, dealt by the RL seed (`fresh_rl_rows`): the run asks no door twice."""
+        from verl_memagent.data.compose import task_rows
+        from verl_memagent.data.prepare import write_parquet
+
+        if self.regime == "fresh":
+            path = self.build / "data" / f"rl_fresh_{agent}_seed{seed}.parquet"
+            if not path.is_file():
+                pool = read_door_sets(self.build / "task").rl_pool
+                tasks = len(pool) * len(self.rl_objectives) // sum(self.rl_objectives)
+                write_parquet(fresh_rl_rows(pool, agent, self.rl_objectives, tasks, seed), path)
+            return path
         path = self.build / "data" / f"rl_{agent}{rl_suffix(self.rl_objectives)}.parquet"
         if not path.is_file():
             pool = records(read_door_sets(self.build / "task").rl, "rl")
@@ -157,11 +206,13 @@ class Sweep:
 
     # -- cells
     def phase(self, phase: str) -> str:
-        return phase_label(phase, self.rl_objectives)
+        return phase_label(phase, self.rl_objectives, self.regime, self.settings)
 
-    def done(self, agent: str, phase: str, seed: int | None) -> bool:
+    def missing(self, agent: str, phase: str, seed: int | None) -> list[str]:
+        """The evaluation door sets the cell has no records of yet."""
         mine = (agent, self.phase(phase), seed)
-        return any((r["agent"], record_phase(r), r["seed"]) == mine for r in self.records)
+        have = {r["door_set"] for r in self.records if (r["agent"], record_phase(r), r["seed"]) == mine}
+        return [name for name in self.eval_tasks if name not in have]
 
     def warm_model(self, agent: str) -> Path:
         return self.build / "warm" / agent / "model" if self.starts is None else self.starts / agent
@@ -173,12 +224,16 @@ class Sweep:
         env = {**os.environ, "WORK": str(out), "SEED": str(seed), "MEMAGENT_RETRIEVER_URL": self.retriever.url}
         env |= {"AGENT_LOOPS_YAML": str(AGENT_LOOPS), "OMP_NUM_THREADS": "1"}
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # this Python
-        command = ["bash", str(RL_LAUNCHER), str(self.warm_model(agent)), str(self.rl_data(agent))]
+        if self.regime == "fresh":
+            env |= {"RECIPE": "composed_doors_fresh", "VAL_DATA": str(self.val_data(agent))}
+        command = ["bash", str(RL_LAUNCHER), str(self.warm_model(agent)), str(self.rl_data(agent, seed))]
         return [*command, *self.rl_overrides, *overrides], env
 
     def train(self, agent: str, seed: int) -> Path:
-        """The policy RL seed `seed` trains from `agent`'s warm start (verl's main_ppo, cached)."""
-        work = self.work / "rl" / f"{agent}{rl_suffix(self.rl_objectives)}_seed{seed}"
+        """The policy RL seed `seed` trains from `agent`'s warm start (verl's main_ppo, cached); its curves
+        are kept beside the records (`curves`)."""
+        label = self.phase("after_rl").removeprefix("after_rl")
+        work = self.work / "rl" / f"{agent}{label}_seed{seed}"
 
         def train_into(out: Path) -> None:
             command, env = self.rl_launch(agent, seed, out)
@@ -188,6 +243,8 @@ class Sweep:
             (out / "wall_s").write_text(f"{time.perf_counter() - began:.1f}\n")
 
         once(work, train_into)
+        if self.curves is not None:
+            save_curve(work / "metrics.jsonl", self.curves / f"{agent}{label}_seed{seed}.jsonl")
         step = (work / "checkpoints" / "latest_checkpointed_iteration.txt").read_text().strip()
         return work / "checkpoints" / f"global_step_{step}" / "actor" / "huggingface"
 
@@ -201,15 +258,18 @@ class Sweep:
             yield
 
     def score(self, agent: str, phase: str, seed: int | None, model: Path) -> None:
-        """Score `model` on every evaluation set at every k (one eval process per k, so that each k
-        has its own clock) and save the cell's records."""
+        """Score `model` on every evaluation set the cell lacks, at every k (one eval process per k, so that
+        each k has its own clock), and save the cell's records."""
+        door_sets = self.missing(agent, phase, seed)
         start = file_digest(self.warm_model(agent) / "model.safetensors")
         trained_on = list(self.rl_objectives) if phase == "after_rl" else None
         provenance = {"rl_objectives": trained_on, "cpu": self.machine, "warm_start_sha256": start}
+        if phase == "after_rl" and self.regime != "mem1":
+            provenance |= {"regime": self.regime, "settings_name": self.settings, "settings": list(self.rl_overrides)}
         cell = []
         for k in self.objectives:
-            out = self.work / "eval" / f"{agent}_{self.phase(phase)}_{seed}" / f"k{k}"
-            data = [f"--data={name}_k{k}={self.build / 'data' / f'{name}_k{k}.parquet'}" for name in self.eval_tasks]
+            out = self.work / "eval" / f"{agent}_{self.phase(phase)}_{seed}" / f"k{k}_{'-'.join(door_sets)}"
+            data = [f"--data={name}_k{k}={self.build / 'data' / f'{name}_k{k}.parquet'}" for name in door_sets]
             command = [
                 str(Path(sys.executable).parent / "verl-memagent"),
                 "eval",
@@ -224,7 +284,7 @@ class Sweep:
             began = time.perf_counter()
             run(command, out / "log", {**os.environ, "OMP_NUM_THREADS": "1"})
             wall = time.perf_counter() - began
-            records = cell_records(agent, phase, seed, k, list(self.eval_tasks), out, wall)
+            records = cell_records(agent, phase, seed, k, door_sets, out, wall)
             cell += [{**record, **provenance} for record in records]
         self.records += cell
         self.save()
@@ -235,11 +295,11 @@ class Sweep:
 
     def sweep(self, seeds: int, agents: tuple[str, ...] = AGENTS) -> None:
         for agent in agents:
-            if not self.done(agent, "before_rl", None):
+            if self.missing(agent, "before_rl", None):
                 self.score(agent, "before_rl", None, self.warm_model(agent))
         for seed in range(seeds):
             for agent in agents:
-                if not self.done(agent, "after_rl", seed):
+                if self.missing(agent, "after_rl", seed):
                     self.score(agent, "after_rl", seed, self.train(agent, seed))
                 print(report_line(self.records, agent, self.phase("after_rl"), seed), flush=True)
 

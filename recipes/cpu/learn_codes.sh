@@ -22,9 +22,11 @@ BUILD_SEED=${BUILD_SEED:-0}  # START=build: the tiny model, the task and the war
 COPY_STEPS=${COPY_STEPS:-800}  # START=build
 WARM_STEPS=${WARM_STEPS:-200}  # START=build; benchmarks/warm_start_sweep.py: where the policy starts to be right (docs/main_job.md)
 EVAL_SAMPLES=${EVAL_SAMPLES:-4}
-# One torch thread per process: the job runs several processes on few cores, and torch's threads
-# spin-waiting for each other on a busy machine made a warm-start step several times slower (docs/main_job.md).
+# One torch thread per process (the scorings and builds run side by side, and torch's threads spin-waiting
+# for each other made a warm-start step several times slower), but TRAINER_THREADS for verl's, whose
+# trainer phases run alone (two were 1.5x faster once the CPU engine's operations were whole: docs/main_job.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
+TRAINER_THREADS=${TRAINER_THREADS:-2}
 AGENT_LOOPS=$HERE/learn_codes_agent_loops.yaml
 CORPUS=$ROOT/data/corpus.jsonl
 
@@ -116,7 +118,7 @@ verl-memagent prepare --input "$BUILD/task/qa.jsonl" --agent memsearcher --out "
 # starting policy is scored beside it; the step lines follow once the score is printed
 phase "starting verl's trainer (details in $WORK/train.log)"
 : >"$WORK/metrics.jsonl"
-AGENT_LOOPS_YAML=$AGENT_LOOPS train_on_cpu learn_codes "$POLICY" data.seed="$SEED" actor_rollout_ref.rollout.seed="$SEED" \
+OMP_NUM_THREADS=$TRAINER_THREADS AGENT_LOOPS_YAML=$AGENT_LOOPS train_on_cpu learn_codes "$POLICY" data.seed="$SEED" actor_rollout_ref.rollout.seed="$SEED" \
   "$@" >"$WORK/train.log" 2>&1 &
 TRAINER=$!
 score_policy before_rl "$POLICY"

@@ -14,14 +14,14 @@ source "$HERE/../common/launch.sh"
 
 # train_on_cpu CONFIG_NAME MODEL_DIR [hydra overrides...]: verl's trainer with recipes/cpu/CONFIG_NAME.yaml
 # on CPU (launch_main_ppo with VERL_PLATFORM=cpu) on the questions of $WORK/train.parquet, validated on
-# the same questions ($WORK/test.parquet is a copy): validation shows what the run learned on its own
-# questions. Metrics to $WORK/metrics.jsonl (one line per step), checkpoints to $WORK/checkpoints;
+# the questions of VAL_DATA (a parquet) if set, else on the same questions ($WORK/test.parquet is a
+# copy): what the run learned on its own questions. Metrics to $WORK/metrics.jsonl (one line per step), checkpoints to $WORK/checkpoints;
 # N_GPUS_PER_NODE data-parallel ranks [1] on each of NNODES nodes [1], submitted to RAY_ADDRESS if set.
 # The agent loops: AGENT_LOOPS_YAML.
 train_on_cpu() {
   local config=$1 model=$2
   shift 2
-  cp "$WORK/train.parquet" "$WORK/test.parquet"
+  cp "${VAL_DATA:-$WORK/train.parquet}" "$WORK/test.parquet"
   VERL_PLATFORM=cpu VERL_FILE_LOGGER_PATH="$WORK/metrics.jsonl" MODEL_PATH=$model DATA_DIR=$WORK \
     N_GPUS_PER_NODE=${N_GPUS_PER_NODE:-1} PYTHON=python launch_main_ppo "$HERE" "$config" \
     trainer.default_local_dir="$WORK/checkpoints" "$@"

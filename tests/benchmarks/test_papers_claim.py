@@ -41,7 +41,7 @@ def seeded_build(work: Path, model: Path) -> None:
 def swept(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("papers_claim")
     seeded_build(work, tiny_model_dir)
-    sizes = {"objectives": (1, 2), "eval_tasks": {"held_out": 2, "unseen": 2}, "rl_overrides": TINY_STEP}
+    sizes = {"objectives": (1, 2), "eval_tasks": {"dev": 2, "unseen": 2}, "rl_overrides": TINY_STEP}
     sweep = Sweep(work, work / "papers_claim.json", **sizes)
     try:
         sweep.prepare()
@@ -59,7 +59,7 @@ def test_records_cover_every_cell_with_the_papers_figures(swept):
     expected = {
         ("mem1", phase, seed, door_set, k)
         for phase, seed in (("before_rl", None), ("after_rl", 0))
-        for door_set in ("held_out", "unseen")
+        for door_set in ("dev", "unseen")
         for k in (1, 2)
     }
     assert cells == expected and len(records) == len(expected)
@@ -68,7 +68,7 @@ def test_records_cover_every_cell_with_the_papers_figures(swept):
         assert min(record[key] for key in ("peak_context_tokens", "prefill_tokens_per_question", "turns")) > 0
         assert record["cpu"]["model"] and record["warm_start_sha256"] == records[0]["warm_start_sha256"]
         assert record["rl_objectives"] == ([2] if record["phase"] == "after_rl" else None)
-    examples = work / "eval" / "mem1_after_rl_0" / "k2" / "examples.jsonl"
+    examples = work / "eval" / "mem1_after_rl_0" / "k2_dev-unseen" / "examples.jsonl"
     assert all(json.loads(line)["golden_answers"].__len__() == 2 for line in examples.read_text().splitlines())
 
 
@@ -79,7 +79,7 @@ def test_the_rl_step_ran_in_verl_and_the_trained_policy_was_scored(swept):
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "critic/score/mean" in s["data"]] == [1]
     assert (run / "checkpoints" / "global_step_1" / "actor" / "huggingface" / "config.json").is_file()
-    summary = json.loads((work / "eval" / "mem1_after_rl_0" / "k1" / "summary.json").read_text())
+    summary = json.loads((work / "eval" / "mem1_after_rl_0" / "k1_dev-unseen" / "summary.json").read_text())
     assert str(run / "checkpoints" / "global_step_1") in json.dumps(summary["run"])
 
 
@@ -107,7 +107,7 @@ def test_agents_are_chosen_by_name_and_an_unknown_one_is_refused(capsys):
 def test_the_committed_records_grew_from_the_shipped_warm_starts(capsys):
     """What `--start shipped` (the default) trains from is what the committed JSON's cells grew from, so
     a sweep on another machine resumes them rather than mixing in a second warm start."""
-    records = json.loads(papers_claim.RESULTS.read_text())
+    records = json.loads(papers_claim.RESULTS["mem1"].read_text())
     grown_from = {(r["agent"], r["warm_start_sha256"]) for r in records}
     shipped = {(a, claim_records.file_digest(SHIPPED_STARTS / a / "model.safetensors")) for a in AGENTS}
     assert grown_from == shipped and shipped_seed(AGENTS) == 0
@@ -117,10 +117,10 @@ def test_the_committed_records_grew_from_the_shipped_warm_starts(capsys):
 
 
 def test_the_report_refuses_records_of_two_warm_starts_of_one_agent(tmp_path):
-    record = {"agent": "mem1", "phase": "before_rl", "seed": None, "door_set": "held_out", "objectives": 1}
+    record = {"agent": "mem1", "phase": "before_rl", "seed": None, "door_set": "dev", "objectives": 1}
     records = [{**record, "warm_start_sha256": "a"}, {**record, "objectives": 2, "warm_start_sha256": "b"}]
     claim_records.check_one_warm_start(records[:1])
-    assert len(claim_report.grouped(records[:1], "held_out")) == 1
+    assert len(claim_report.grouped(records[:1], "dev")) == 1
     with pytest.raises(ValueError, match=r"more than one warm start \{'mem1': \['a', 'b'\]\}"):
         claim_report.report(records, plot_path=tmp_path / "plot.png")
     assert not (tmp_path / "plot.png").exists()  # refused before anything is drawn
@@ -131,8 +131,10 @@ def test_a_mixed_rl_set_composes_each_k_on_the_rl_doors_and_is_a_phase_of_its_ow
 
     write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
     mem1s, mixed = (Sweep(tmp_path, tmp_path / "r.json", rl_objectives=ks) for ks in ((2,), (1, 2, 8)))
-    rows = pd.read_parquet(mixed.rl_data("mem1"))
-    assert mixed.rl_data("mem1").name == "rl_mem1_k1-2-8.parquet" and mem1s.rl_data("mem1").name == "rl_mem1.parquet"
+    rows = pd.read_parquet(mixed.rl_data("mem1", 0))
+    assert (
+        mixed.rl_data("mem1", 0).name == "rl_mem1_k1-2-8.parquet" and mem1s.rl_data("mem1", 0).name == "rl_mem1.parquet"
+    )
     assert rows.extra_info.map(lambda info: info["objectives"]).value_counts().to_dict() == {1: 48, 2: 48, 8: 48}
     assert rows.extra_info.map(lambda info: info["index"]).tolist() == list(range(144))
     assert all(
@@ -140,19 +142,20 @@ def test_a_mixed_rl_set_composes_each_k_on_the_rl_doors_and_is_a_phase_of_its_ow
         for row, row_info in zip(rows.reward_model, rows.extra_info, strict=True)
     )
     assert all(source == "rl" for info in rows.extra_info for source in info["sources"])
-    assert set(pd.read_parquet(mem1s.rl_data("mem1")).data_source) == {"multi_objective_2"}
+    assert set(pd.read_parquet(mem1s.rl_data("mem1", 0)).data_source) == {"multi_objective_2"}
 
-    record = {"agent": "mem1", "door_set": "held_out", "objectives": 8, "em": 0.5, "peak_context_tokens": 900}
+    record = {"agent": "mem1", "door_set": "dev", "objectives": 8, "em": 0.5, "peak_context_tokens": 900}
     record |= {"answered": 1.0, "seconds_per_question": 1.0, "warm_start_sha256": "a", "cpu": {"model": "x"}}
     before = {**record, "phase": "before_rl", "seed": None, "rl_objectives": None}
     after_k2 = {**record, "phase": "after_rl", "seed": 0, "rl_objectives": [2]}
     mem1s.records = mixed.records = [before, after_k2]
-    assert mem1s.done("mem1", "after_rl", 0) and not mixed.done("mem1", "after_rl", 0)
-    assert mixed.done("mem1", "before_rl", None)  # one warm start, scored once for every RL set
+    mem1s.eval_tasks = mixed.eval_tasks = {"dev": 24}
+    assert not mem1s.missing("mem1", "after_rl", 0) and mixed.missing("mem1", "after_rl", 0) == ["dev"]
+    assert not mixed.missing("mem1", "before_rl", None)  # one warm start, scored once for every RL set
     after_mixed = {**record, "phase": "after_rl", "seed": 0, "rl_objectives": [1, 2, 8], "em": 0.25}
     records = [before, after_k2, after_mixed]
     assert claim_report.phases(records) == ["before_rl", "after_rl", "after_rl_k1-2-8"]
-    lines = claim_report.table(records, "held_out").splitlines()
+    lines = claim_report.table(records, "dev").splitlines()
     assert [line.split(" | ")[1] for line in lines[2:]] == ["before_rl", "after_rl", "after_rl_k1-2-8"]
     assert "| 0.25 |" in lines[-1] and "| 0.50 |" in lines[-2]
 
@@ -174,8 +177,69 @@ def test_an_rl_run_starts_through_the_cpu_launcher_and_composes(tmp_path, tokeni
     assert config.actor_rollout_ref.model.path == str(SHIPPED_STARTS / "mem1")
     assert config.actor_rollout_ref.rollout.agent.agent_loop_config_path == str(AGENT_LOOPS)
     assert (config.data.train_files, config.data.val_files) == (str(out / "train.parquet"), str(out / "test.parquet"))
-    assert (out / "train.parquet").read_bytes() == sweep.rl_data("mem1").read_bytes()  # the RL questions
+    assert (out / "train.parquet").read_bytes() == sweep.rl_data("mem1", 3).read_bytes()  # the RL questions
     assert config.data.seed == config.actor_rollout_ref.rollout.seed == 3
     assert config.trainer.default_local_dir == str(out / "checkpoints") and config.trainer.total_training_steps == 1
     assert (config.trainer.device, config.trainer.n_gpus_per_node, config.trainer.nnodes) == ("cpu", 1, 1)
     assert dict(config.ray_kwargs.ray_init) == {**config.ray_kwargs.ray_init, **Topology(1).local_ray()}
+
+
+def test_the_papers_regime_launches_its_recipe_validated_on_the_dev_split(
+    tmp_path, tokenizer, retriever_server, bm25_index_dir
+):
+    """`--regime fresh`: the run composes composed_doors_fresh.yaml (one update a step over the batch, a warm-up,
+    validation every few steps), trains on fresh rl_pool questions and validates on the dev split's."""
+    import pandas as pd
+
+    write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
+    sweep = Sweep(
+        tmp_path,
+        tmp_path / "r.json",
+        regime="fresh",
+        settings="lr3e-5",
+        starts=SHIPPED_STARTS,
+        rl_overrides=("actor_rollout_ref.actor.optim.lr=3e-5",),
+    )
+    sweep.retriever = retriever_server(bm25_index_dir)
+    out = tmp_path / "rl" / "mem1_fresh_seed1"
+    command, env = sweep.rl_launch("mem1", 1, out)
+    launch = dry_run(command[1], env, command[2:])
+    assert launch.recipe_yaml == REPO / "recipes" / "cpu" / "composed_doors_fresh.yaml"
+    config = compose(launch)
+    actor = config.actor_rollout_ref.actor
+    assert actor.ppo_mini_batch_size == config.data.train_batch_size and actor.optim.lr == 3e-5
+    assert actor.optim.lr_warmup_steps_ratio > 0 and actor.use_kl_loss and config.trainer.test_freq > 0
+    assert (out / "test.parquet").read_bytes() == sweep.val_data("mem1").read_bytes()
+    validation = pd.read_parquet(out / "test.parquet")
+    assert set(validation.data_source) == {f"{name}_k{k}" for name in ("dev", "unseen") for k in (1, 2, 4, 8)}
+    assert sweep.phase("after_rl") == "after_rl_fresh_lr3e-5"
+
+
+def test_every_file_a_sweep_writes_keeps_the_splits_apart(tmp_path, tokenizer):
+    """At the task's real sizes: the test split's doors are in its own files only, the dev split's in its own
+    and the validation's, the RL questions' in the rl_pool; no RL door is asked twice in a run."""
+    import pandas as pd
+
+    sets = write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
+    sweep = Sweep(tmp_path, tmp_path / "r.json", regime="fresh", test=True)
+    sweep.write_data(tmp_path / "build" / "data")
+    door_of = {
+        door.question.rstrip("?"): name
+        for name in ("demos", "rl", "dev", "unseen", "rl_pool", "test")
+        for door in sets.of(name)
+    }
+
+    def sets_asked(path: Path) -> list[str]:
+        questions = [
+            q for row in pd.read_parquet(path).extra_info for q in row["question"].split(": ", 1)[1].split("; ")
+        ]
+        return [door_of[q.rstrip("?")] for q in questions]
+
+    for path in (tmp_path / "build" / "data").glob("*.parquet"):
+        assert set(sets_asked(path)) == {path.stem.split("_k")[0]}, path.name
+    assert set(sets_asked(sweep.val_data("mem1"))) == {"dev", "unseen"}
+    for seed in (0, 1):
+        rl = pd.read_parquet(sweep.rl_data("mem1", seed))
+        asked = [door for info in rl.extra_info for door in info["id"].split("+")]
+        assert set(sets_asked(sweep.rl_data("mem1", seed))) == {"rl_pool"} and len(asked) == len(set(asked))
+        assert len(asked) > len(sets.rl_pool) - 8  # the pool is dealt whole

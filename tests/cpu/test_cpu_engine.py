@@ -16,10 +16,11 @@ from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
 from verl.utils import tensordict_utils as tu
 from verl.utils.dataset.dataset_utils import DatasetPadMode
+from verl.utils.seqlen_balancing import restore_dynamic_batch
 from verl.workers.engine.fsdp.transformer_impl import FSDPEngineWithLMHead
 from verl.workers.utils.padding import no_padding_2_padding
 
-from verl_memagent.cpu.engine import CPUEngineWithLMHead, response_positions
+from verl_memagent.cpu.engine import CPUEngineWithLMHead, length_order, response_positions
 
 
 @pytest.fixture(scope="module")
@@ -118,3 +119,16 @@ def test_response_positions_by_hand():
     assert rows.tolist() == [0, 0, 1, 1, 1]
     assert columns.tolist() == [1, 2, 0, 1, 2]  # positions 2, 3 and 1, 2, 3
     assert flat.tolist() == [2, 3, 6, 7, 8]  # row 1 starts at token 5
+
+
+def test_micro_batches_take_rows_by_length_and_outputs_go_back_in_order(model):
+    data = micro_batch([5, 2, 9, 2], [3, 1, 4, 2], 1.0, model.config.vocab_size, use_dynamic_bsz=False)
+    order = length_order(data)  # lengths 8, 3, 13, 4
+    assert order.tolist() == [1, 3, 0, 2]
+    by_length = tu.index_select_tensor_dict(data, order)
+    assert by_length["input_ids"].offsets().diff().tolist() == [3, 4, 8, 13]
+    assert by_length["responses"].offsets().diff().tolist() == [1, 2, 3, 4]  # every field moved with its row
+    back = restore_dynamic_batch(by_length["input_ids"], [order.tolist()])
+    assert all(torch.equal(a, b) for a, b in zip(back.unbind(), data["input_ids"].unbind(), strict=True))
+    assert length_order(micro_batch([2, 5], [1, 1], 1.0, 50, use_dynamic_bsz=False)) is None  # already in order
+    assert length_order(micro_batch([5, 2], [1, 1], 1.0, 50, use_dynamic_bsz=True)) is None  # verl's own grouping

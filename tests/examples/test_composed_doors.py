@@ -17,6 +17,7 @@ from memagent_examples.composed_doors.task import (
     PROMPT_LENGTH,
     RESPONSE_LENGTH,
     SETS,
+    fresh_rl_rows,
     make_door_sets,
     read_door_sets,
     write_door_sets,
@@ -50,36 +51,83 @@ def names(doors) -> set[tuple[str, str]]:
     return {(door.station, door.gate) for door in doors}
 
 
-def test_door_sets_are_disjoint_and_held_out_pairs_are_of_known_words():
-    sets = make_door_sets(WORDS, stations=6, gates=5, passwords=4, rl=6, held_out=6, unseen_stations=3, unseen_gates=2)
-    assert [len(sets.of(name)) for name in SETS] == [18, 6, 6, 6]
+SIZES = {"stations": 6, "gates": 5, "passwords": 4, "rl": 6, "dev": 6, "unseen_stations": 3, "unseen_gates": 2}
+SIZES |= {"pool_side": 4, "test_side": 3}
+
+
+def words_of(doors) -> set[str]:
+    return {word for door in doors for word in (door.station, door.gate)}
+
+
+def test_door_sets_are_disjoint_and_dev_pairs_are_of_known_words():
+    sets = make_door_sets(WORDS, **SIZES)
+    assert [len(sets.of(name)) for name in SETS] == [18, 6, 6, 6, 16, 9]
     for i, first in enumerate(SETS):
         for second in SETS[i + 1 :]:
             assert not names(sets.of(first)) & names(sets.of(second)), (first, second)
     trained = sets.trained_words()
-    assert {w for door in sets.held_out for w in (door.station, door.gate)} <= trained
-    assert not {w for door in sets.unseen for w in (door.station, door.gate)} & trained
+    assert words_of(sets.dev) <= trained
+    assert not words_of(sets.unseen) & trained and not words_of(sets.test) & trained
+    # the fresh sets share no word with any other set, nor with each other
+    for fresh in ("rl_pool", "test"):
+        others = set().union(*(words_of(sets.of(name)) for name in SETS if name != fresh))
+        assert not words_of(sets.of(fresh)) & others, fresh
     passwords = {door.password for name in SETS for door in sets.of(name)}
-    assert len(passwords) <= 4 and not passwords & (trained | {w for d in sets.unseen for w in (d.station, d.gate)})
+    assert len(passwords) <= 4 and not passwords & set().union(*(words_of(sets.of(name)) for name in SETS))
+
+
+def test_the_fresh_sets_leave_the_first_four_as_they_were():
+    """The shipped warm starts and the committed records grew from the first four sets: drawing the two
+    fresh sets (a generator of their own, after the others) changes none of them."""
+    before = make_door_sets(WORDS, **{**SIZES, "pool_side": 0, "test_side": 0})
+    after = make_door_sets(WORDS, **SIZES)
+    assert [before.of(name) for name in SETS[:4]] == [after.of(name) for name in SETS[:4]]
 
 
 def test_door_sets_are_seeded():
-    sizes = {"stations": 6, "gates": 5, "passwords": 4, "rl": 6, "held_out": 6, "unseen_stations": 3, "unseen_gates": 2}
-    assert make_door_sets(WORDS, seed=1, **sizes) == make_door_sets(WORDS, seed=1, **sizes)
-    assert make_door_sets(WORDS, seed=1, **sizes) != make_door_sets(WORDS, seed=2, **sizes)
+    assert make_door_sets(WORDS, seed=1, **SIZES) == make_door_sets(WORDS, seed=1, **SIZES)
+    assert make_door_sets(WORDS, seed=1, **SIZES) != make_door_sets(WORDS, seed=2, **SIZES)
     with pytest.raises(ValueError, match="too few"):
-        make_door_sets(WORDS[:10], **sizes)
+        make_door_sets(WORDS[:30], **SIZES)
     with pytest.raises(ValueError, match="no demonstration doors"):
-        make_door_sets(WORDS, **{**sizes, "rl": 20, "held_out": 10})
+        make_door_sets(WORDS, **{**SIZES, "rl": 20, "dev": 10})
+
+
+def test_fresh_rl_questions_ask_no_door_twice_and_cycle_through_k():
+    pool = make_door_sets(WORDS, **{**SIZES, "pool_side": 5}).rl_pool  # 25 doors
+    rows = fresh_rl_rows(pool, "mem1", (1, 2, 4), tasks=6, seed=3)  # 1 + 2 + 4 + 1 + 2 + 4 = 14 doors
+    assert [row["extra_info"]["objectives"] for row in rows] == [1, 2, 4, 1, 2, 4]
+    assert [row["data_source"] for row in rows][:3] == ["multi_objective_1", "multi_objective_2", "multi_objective_4"]
+    asked = [door_id for row in rows for door_id in row["extra_info"]["id"].split("+")]
+    assert len(asked) == len(set(asked)) == 14
+    questions = {door.question.rstrip("?") for door in pool}
+    for row in rows:
+        assert all(
+            part.rstrip("?") in questions
+            for part in row["extra_info"]["question"].removeprefix(TASK_PREFIX).split("; ")
+        )
+    assert rows != fresh_rl_rows(pool, "mem1", (1, 2, 4), tasks=6, seed=4)  # another seed deals other doors
+    with pytest.raises(ValueError, match="need 28 doors; the pool has 25"):
+        fresh_rl_rows(pool, "mem1", (1, 2, 4), tasks=12, seed=3)
+
+
+def served_task(out: Path, retriever_server, tokenizer, **sizes):
+    sets = write_door_sets(out / "task", tokenizer, REPO / "data" / "corpus.jsonl", seed=0, **sizes)
+    subprocess.run(build_command("bm25", out / "task" / "corpus.jsonl", out / "bm25"), check=True, cwd=REPO)
+    return out / "task", sets, retriever_server(out / "bm25").url
 
 
 @pytest.fixture(scope="module")
 def task(tmp_path_factory, retriever_server, tokenizer):
     """The task as the sweep writes it (the tiny tokenizer's words, the bundled corpus), served by BM25."""
-    out = tmp_path_factory.mktemp("composed_doors")
-    sets = write_door_sets(out / "task", tokenizer, REPO / "data" / "corpus.jsonl", seed=0)
-    subprocess.run(build_command("bm25", out / "task" / "corpus.jsonl", out / "bm25"), check=True, cwd=REPO)
-    return out / "task", sets, retriever_server(out / "bm25").url
+    return served_task(tmp_path_factory.mktemp("composed_doors"), retriever_server, tokenizer)
+
+
+@pytest.fixture(scope="module")
+def starts_task(tmp_path_factory, retriever_server, tokenizer):
+    """The task the shipped warm starts were built on: the first four door sets, before `rl_pool` and `test`
+    added their passages to the corpus (which changes what BM25 ranks second and third for some queries)."""
+    return served_task(tmp_path_factory.mktemp("starts_task"), retriever_server, tokenizer, pool_side=0, test_side=0)
 
 
 def test_written_task_states_each_password_in_one_long_passage(task, tokenizer):
@@ -99,7 +147,7 @@ def test_written_task_states_each_password_in_one_long_passage(task, tokenizer):
             words = len(passage.split("\n", 1)[1].split()) - len(door.statement.split())
             assert PASSAGE_WORDS - 10 <= words <= PASSAGE_WORDS
     statements = [json.loads(line)["contents"] for line in (task_dir / "corpus.jsonl").read_text().splitlines()]
-    for door in sets.held_out[:20]:  # the statement of each door is in its own passage only
+    for door in sets.dev[:20] + sets.test[:20]:  # the statement of each door is in its own passage only
         assert sum(door.statement in text for text in statements) == 1
 
 
@@ -117,7 +165,7 @@ def test_composed_task_through_each_agent_loop_and_reward(task, tokenizer, agent
     retriever scores 2 under MEM1's sum-EM reward; one wrong password scores 1."""
     _, sets, url = task
     model = agent_format(agent, tokenizer, "qwen2", str(AGENT_LOOPS), url)
-    doors = sets.held_out[:2]
+    doors = sets.dev[:2]
     question = TASK_PREFIX + "; ".join(door.question for door in doors)
     truth = [[door.password] for door in doors]
     outputs, policy = asyncio.run(play(agent, composed_texts(model, doors), question, tokenizer, url))
@@ -126,8 +174,8 @@ def test_composed_task_through_each_agent_loop_and_reward(task, tokenizer, agent
     seen = tokenizer.decode(policy.calls[-1]["prompt_ids"])
     assert all(door.statement in seen for door in doors)  # memory, state or history carries both passwords
     assert multi_objective_em("composed", "", truth, final)["score"] == 2.0
-    wrong = [*composed_texts(model, doors)[:-1], composed_texts(model, [doors[0], sets.held_out[5]])[-1]]
-    if doors[1].password != sets.held_out[5].password:
+    wrong = [*composed_texts(model, doors)[:-1], composed_texts(model, [doors[0], sets.dev[5]])[-1]]
+    if doors[1].password != sets.dev[5].password:
         outputs, _ = asyncio.run(play(agent, wrong, question, tokenizer, url))
         assert multi_objective_em("composed", "", truth, outputs[-1].extra_fields)["score"] == 1.0
 
@@ -158,10 +206,10 @@ def test_warm_start_trains_on_the_loops_samples_and_checkpoints(task, tiny_model
 
 
 @pytest.mark.parametrize("agent", ["memsearcher", "mem1", "react"])
-def test_the_agent_loops_build_the_contexts_each_shipped_start_learned(task, tokenizer, agent):
+def test_the_agent_loops_build_the_contexts_each_shipped_start_learned(starts_task, tokenizer, agent):
     """A prompt, template, format or door change shows a shipped warm start contexts it was not trained
     on: then this fails, and the starts must be rebuilt (`papers_claim.py --start build`) and shipped anew."""
-    task_dir, sets, url = task
+    task_dir, sets, url = starts_task
     record = read_record(SHIPPED_STARTS / agent)
     inputs = record["inputs"]
     assert (inputs["agent"], inputs["steps"], inputs["seed"]) == (agent, WARM_STEPS, 0)  # the task fixture's seed

@@ -11,7 +11,8 @@ The updates run on optimizer steps the trainer plans and checks (`verl_memagent.
 
 `ResumeMixin` (`verl_memagent.algo.resume`) keeps the run's metrics file and trajectory records in step
 with the checkpoint a run resumes from. `AgentMetricsMixin` adds what the agent did (searches, finish
-reasons, memory, ...) to verl's metrics of every training step and validation; `TrajectoryRecordsMixin`
+reasons, memory, ...) to verl's metrics of every training step and validation, and each data source's
+reward and GRPO signal (`source_metrics`); `TrajectoryRecordsMixin`
 writes a sample of whole trajectories (`verl_memagent.algo.trajectory_records`).
 """
 
@@ -36,6 +37,7 @@ from verl_memagent.algo.agent_metrics import agent_metrics, agent_metrics_by_sou
 from verl_memagent.algo.config import GAE, GRPO
 from verl_memagent.algo.estimators import TrajectoryLayout
 from verl_memagent.algo.resume import ResumeMixin
+from verl_memagent.algo.source_metrics import source_metrics
 from verl_memagent.algo.trajectory_records import TrajectoryRecorder
 from verl_memagent.algo.update_steps import UpdateStepsMixin
 from verl_memagent.algo.verl_estimators import TrajectoryBatch, providing
@@ -179,9 +181,11 @@ class AgentMetricsMixin:
         super()._compute_metrics(batch, metrics, timing_raw, global_steps, epoch)
         keys = [key for key, tag in zip(batch.keys, batch.tags, strict=True) if not tag.get("is_padding", False)]
         if keys:
-            fields_ = ["extra_fields", "reward_model"]
+            fields_ = ["extra_fields", "reward_model", "data_source", "rm_scores"]
             data = tq.kv_batch_get(keys=keys, partition_id=batch.partition_id, select_fields=fields_)
             metrics.update(agent_metrics(list(data["extra_fields"]), ground_truths=ground_truths(data["reward_model"])))
+            scores = [float(row.sum()) for row in data["rm_scores"].unbind()]
+            metrics.update(source_metrics(keys, list(data["data_source"]), scores))
 
     def _validate(self) -> dict[str, float]:
         fields: list[dict] = []

@@ -11,7 +11,8 @@ positions are taken in one call each, with verl's formulas. Every other position
 nothing reads. On the main job's rows (prompts of 300-450 tokens, responses of 20-200) this is most of
 the head's work and all of the per-token loop (benchmarks/rl_step.py).
 
-Cases this does not cover (remove-padding, fused kernels, distillation, the sum of squared
+It also forms micro-batches of rows of like length (`forward_backward_batch`): less padding, a
+narrower head. Cases this does not cover (remove-padding, fused kernels, distillation, the sum of squared
 probabilities) go to verl's own code unchanged.
 
 With `MEMAGENT_CPU_ENGINE_SHAPES=FILE` in the environment, every micro-batch's forward appends its
@@ -28,6 +29,7 @@ import torch
 from verl.utils import tensordict_utils as tu
 from verl.utils import torch_functional as verl_F
 from verl.utils.dataset.dataset_utils import DatasetPadMode
+from verl.utils.seqlen_balancing import restore_dynamic_batch
 from verl.workers.engine.fsdp import transformer_impl
 
 #: micro-batch flags under which verl's own output path runs (this module does not implement them)
@@ -86,8 +88,36 @@ def log_shape(path: str, micro_batch, width: int, head_width: int) -> None:
         log.write(json.dumps(shape) + "\n")
 
 
+def length_order(data) -> torch.Tensor | None:
+    """Rows ordered by length (stable), for micro-batches of rows alike; None where verl forms its own
+    (dynamic batch size) or the order would not change."""
+    if tu.get_non_tensor_data(data=data, key="use_dynamic_bsz", default=True) or not _handled(data):
+        return None
+    order = torch.argsort(data["input_ids"].offsets().diff(), stable=True)
+    return None if torch.equal(order, torch.arange(len(order))) else order
+
+
 class CPUEngineWithLMHead(transformer_impl.FSDPEngineWithLMHead):
-    """verl's FSDP engine with the head and the log-probabilities restricted to response positions."""
+    """verl's FSDP engine with micro-batches of rows of like length, and the head and the log-probabilities
+    restricted to response positions."""
+
+    def forward_backward_batch(self, data, loss_function, forward_only=False):
+        """verl's, over the rows sorted by length, and the model's outputs put back in the rows' order.
+
+        verl cuts a batch into micro-batches in its rows' order and pads each to its longest row: on the
+        main job a quarter of the tokens computed were padding, and the head ran from each micro-batch's
+        shortest prompt. Sorted, rows alike share a micro-batch. The gradient is the same sum in another
+        order (verl normalises the loss by the whole batch's tokens); per-micro-batch metrics such as the
+        clip fraction are averaged over other groupings.
+        """
+        order = length_order(data)
+        if order is None:
+            return super().forward_backward_batch(data, loss_function, forward_only)
+        outputs = super().forward_backward_batch(tu.index_select_tensor_dict(data, order), loss_function, forward_only)
+        if outputs is not None:
+            for key, value in outputs["model_output"].items():
+                outputs["model_output"][key] = restore_dynamic_batch(value, [order.tolist()])
+        return outputs
 
     def prepare_model_inputs(self, micro_batch):
         model_inputs, output_args = super().prepare_model_inputs(micro_batch)

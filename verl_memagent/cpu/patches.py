@@ -14,6 +14,7 @@ import functools
 import importlib.metadata
 import importlib.util
 import logging
+import os
 import re
 import sys
 from collections.abc import Callable
@@ -25,6 +26,8 @@ from verl_memagent.import_hooks import when_imported
 
 #: the verl release every patch below was written against: its `expects` texts are from that source
 VERL_VERSION = "0.9.1"
+#: the environment variable that picks verl's own FSDP engine class over the CPU engine (`verl`)
+ENGINE_CHOICE = "MEMAGENT_CPU_ENGINE"
 
 _log = logging.getLogger(__name__)
 
@@ -56,12 +59,14 @@ def _fsdp2_engines_on_cpu(transformer_impl: ModuleType) -> None:
     # The FSDP engines are registered for devices cuda and npu only. FSDP2 (fully_shard) runs on CPU
     # with gloo; FSDP1's wrapper (transformer_impl.py:441-444) failed on CPU in the probe of issue 3,
     # so only `strategy=fsdp2` is registered for "cpu" and `strategy=fsdp` fails with verl's own error.
-    # The policy's engine is verl's with the head restricted to response positions (cpu/engine.py).
+    # The policy's engine is verl's with micro-batches of like rows and the head at response positions
+    # (cpu/engine.py); MEMAGENT_CPU_ENGINE=verl keeps verl's own class, to compare the two.
     from verl.workers.engine.base import EngineRegistry
 
     from verl_memagent.cpu.engine import CPUEngineWithLMHead
 
-    EngineRegistry.register(model_type="language_model", backend="fsdp2", device="cpu")(CPUEngineWithLMHead)
+    engine = transformer_impl.FSDPEngineWithLMHead if os.environ.get(ENGINE_CHOICE) == "verl" else CPUEngineWithLMHead
+    EngineRegistry.register(model_type="language_model", backend="fsdp2", device="cpu")(engine)
     EngineRegistry.register(model_type="value_model", backend="fsdp2", device="cpu")(
         transformer_impl.FSDPEngineWithValueHead
     )

@@ -1,0 +1,35 @@
+"""An RL run's curves, kept beside the sweep's records: what the run did step by step, in verl's metrics.
+
+From the run's `metrics.jsonl` (one line a step, verl's trackers), the figures that show where RL goes
+right or wrong while it runs: the reward and the share of all-alike groups per data source (`train/...`,
+`algo.source_metrics`: per k on mixed batches), every validation figure (`val-...`: each dev set's EM
+per k, scored greedily every `trainer.test_freq` steps), the KL to the reference and the policy's
+movement (`actor/kl_loss`, `actor/ppo_kl`, `actor/grad_norm`, `actor/lr`), the pooled score, and the
+agents' finish shares (`agent/finish/...`: answered, out of turns or tokens, a broken answer or tool
+call). One JSON line a step, `{"step": n, ...}`.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+#: prefixes of the metrics a curve keeps
+KEPT = ("train/", "val-", "actor/kl_loss", "actor/ppo_kl", "actor/grad_norm", "actor/lr", "critic/score/mean")
+KEPT += ("agent/finish/", "agent/searches/mean", "agent/memory_retention/mean")
+
+
+def curve(metrics: Path) -> list[dict]:
+    """The kept figures of every step of a run's `metrics.jsonl`."""
+    steps = []
+    for line in metrics.read_text().splitlines():
+        record = json.loads(line)
+        kept = {key: value for key, value in record["data"].items() if key.startswith(KEPT)}
+        steps.append({"step": record["step"], **kept})
+    return steps
+
+
+def save_curve(metrics: Path, out: Path) -> None:
+    """Write the run's curve to `out` (JSON lines), replacing what was there."""
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text("".join(json.dumps(step, sort_keys=True) + "\n" for step in curve(metrics)))
