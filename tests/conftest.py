@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import os
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -168,3 +170,39 @@ def bm25_index_dir(tmp_path_factory, data_dir) -> Path:
 
     subprocess.run(build_command("bm25", data_dir / "corpus.jsonl", out), check=True, cwd=REPO_ROOT)
     return out
+
+
+def chromium_paths() -> tuple[str, str]:
+    """Debian's `chromium` and `chromium-driver`; installed with apt-get where missing (CI runs as root)."""
+    found = shutil.which("chromium"), shutil.which("chromedriver")
+    if all(found):
+        return found
+    if os.geteuid() != 0 or not shutil.which("apt-get"):
+        pytest.fail("the page tests need Chromium: sudo apt-get install chromium chromium-driver")
+    env = {**os.environ, "DEBIAN_FRONTEND": "noninteractive"}
+    apt = ["apt-get", "-o", "DPkg::Lock::Timeout=600"]
+    subprocess.run([*apt, "update"], env=env, check=True, capture_output=True)
+    install = [*apt, "install", "-y", "--no-install-recommends", "chromium", "chromium-driver"]
+    subprocess.run(install, env=env, check=True, capture_output=True)
+    return shutil.which("chromium"), shutil.which("chromedriver")
+
+
+@pytest.fixture(scope="session")
+def browser():
+    """Headless Chromium driven by Selenium, as a person's browser would open the page."""
+    from selenium import webdriver
+
+    binary, driver_path = chromium_paths()
+    options = webdriver.ChromeOptions()
+    options.binary_location = binary
+    for argument in (
+        "--headless=new",
+        "--no-sandbox",
+        "--disable-gpu",
+        "--disable-dev-shm-usage",
+        "--window-size=1400,1800",
+    ):
+        options.add_argument(argument)
+    driver = webdriver.Chrome(options=options, service=webdriver.ChromeService(executable_path=driver_path))
+    yield driver
+    driver.quit()

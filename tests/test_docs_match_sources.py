@@ -238,9 +238,13 @@ def test_docs_agents_metrics_table_is_what_the_trainers_log():
 
     context = {field: 1 for field in vars(OutputField).values() if isinstance(field, str)}
     context |= {OutputField.TRAJECTORY_ID: "t", OutputField.FINISH_REASON: "answer", OutputField.PENALISED: False}
-    search = {"query": "q", "passages": [], "failed": False, "text": "the password is album"}
+    context[OutputField.QUESTION] = "What is the password of station a1 at gate b1?"
+    statement = "The password of station a1 at gate b1 is album."
+    search = {"query": "q", "passages": [], "failed": False, "text": statement}
     span = {"start": 0, "end": 1, "finish": "eos"}
-    context[OutputField.TURN_LOG] = [{"calls": [span, span], "search": search, "memory_before": "", "memory": "album"}]
+    context[OutputField.TURN_LOG] = [
+        {"calls": [span, span], "search": search, "memory_before": "", "memory": statement}
+    ]
     logged = set(agent_metrics([context], ground_truths=[["album"]]))
     documented = metric_names(section(AGENTS_MD.read_text(), "Agent metrics in verl's trackers"))
     assert documented == logged, documented ^ logged

@@ -9,6 +9,8 @@ from collections import defaultdict
 from collections.abc import Sequence
 from pathlib import Path
 
+from verl_memagent.trajectories.files import TRAJECTORIES_DIR, records_path
+
 AGENTS = ("memsearcher", "mem1", "react")
 OBJECTIVES = (1, 2, 4, 8)
 #: the dev split, on which every setting is chosen: door sets and the questions composed from each at every k
@@ -49,12 +51,32 @@ def file_digest(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()[:16]
 
 
+def retention_shares(trajectories: list[dict]) -> dict[str, float | None]:
+    """What the memories held of what the searches had shown, pooled over every memory-writing turn of
+    the eval's trajectory records: by answers, and by statements, the door with its password
+    (`trajectories/retention.py`); None for an agent that writes no memory (ReAct)."""
+    turns = [turn for record in trajectories for turn in record["turns"] if turn.get("answers_read") is not None]
+
+    def share(held: str, read: str) -> float | None:
+        counted = [turn for turn in turns if turn.get(read) is not None]
+        total = sum(turn[read] for turn in counted)
+        return sum(turn[held] for turn in counted) / total if total else None
+
+    return {
+        "memory_retention": share("answers_held", "answers_read"),
+        "memory_retention_exact": share("statements_held", "statements_read"),
+    }
+
+
 def cell_records(
     agent: str, phase: str, seed: int | None, k: int, door_sets: list[str], out: Path, wall_s: float
 ) -> list[dict]:
-    """One record per evaluation set of an eval run at k objectives (its summary and examples)."""
+    """One record per evaluation set of an eval run at k objectives (its summary, examples and trajectory
+    records)."""
     summary = json.loads((out / "summary.json").read_text())
     examples = [json.loads(line) for line in (out / "examples.jsonl").read_text().splitlines()]
+    records_file = records_path(out / TRAJECTORIES_DIR, "eval")
+    trajectories = [json.loads(line) for line in records_file.read_text().splitlines()]
     tasks = sum(summary["datasets"].values())
     records = []
     for name in door_sets:
@@ -79,6 +101,7 @@ def cell_records(
                 "turns": scores["mean_turns"],
                 "answered": scores["answered"],
                 "finish_reasons": scores["finish_reasons"],
+                **retention_shares([t for t in trajectories if t["data_source"] == f"{name}_k{k}"]),
             }
         )
     return records

@@ -222,7 +222,7 @@ class Sweep:
         (metrics.jsonl, checkpoints/): `recipes/cpu/composed_doors.sh` with this sweep's `rl_overrides`, then
         `overrides`. The retriever must be up (`prepare`)."""
         env = {**os.environ, "WORK": str(out), "SEED": str(seed), "MEMAGENT_RETRIEVER_URL": self.retriever.url}
-        env |= {"AGENT_LOOPS_YAML": str(AGENT_LOOPS), "OMP_NUM_THREADS": "1"}
+        env["AGENT_LOOPS_YAML"] = str(AGENT_LOOPS)
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # this Python
         if self.regime == "fresh":
             env |= {"RECIPE": "composed_doors_fresh", "VAL_DATA": str(self.val_data(agent))}

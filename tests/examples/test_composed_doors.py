@@ -25,6 +25,7 @@ from memagent_examples.composed_doors.task import (
 from memagent_examples.composed_doors.warm_start import (
     DEMO_OBJECTIVES,
     DIGESTED_SAMPLES,
+    SEARCH_THOUGHT,
     SHIPPED_STARTS,
     WARM_STEPS,
     AnswerRows,
@@ -255,3 +256,51 @@ def test_answer_rows_end_in_the_agents_answer_to_the_statements_they_hold(task, 
         assert all(value in remaining for value in values)
         counts.add(len(values))
     assert rows.statements == max(DEMO_OBJECTIVES) == 8 and counts == set(range(1, 9))
+
+
+def test_records_and_the_page_count_what_a_memory_holds_by_statements(task, tokenizer, browser, tmp_path):
+    """Two doors sharing their password, as most do at k = 8: MemSearcher's demonstration restates each door's
+    statement in its memory, so every statement read is held; a memory keeping the passwords without their
+    doors holds every answer but no statement. The records count both, and the page shows them."""
+    from browsing import open_page
+    from selenium.webdriver.common.by import By
+
+    from verl_memagent.trajectories.build import ContextSample, build_record
+    from verl_memagent.trajectories.report import write_report
+
+    _, sets, url = task
+    doors = next(  # no station or gate in common: a search for one finds only its own statement
+        (a, b)
+        for i, a in enumerate(sets.dev)
+        for b in sets.dev[i + 1 :]
+        if a.password == b.password and a.station != b.station and a.gate != b.gate
+    )
+    question = TASK_PREFIX + "; ".join(door.question for door in doors)
+    truth = [[door.password] for door in doors]
+    model = agent_format("memsearcher", tokenizer, "qwen2", str(AGENT_LOOPS), url)
+    passwords_only = [
+        *model.search(SEARCH_THOUGHT, f"password of {doors[0].name}", doors[0].password + "."),
+        *model.search(SEARCH_THOUGHT, f"password of {doors[1].name}", f"{doors[0].password}. {doors[1].password}."),
+        model.answer("", " " + "; ".join(door.password for door in doors), ""),
+    ]
+    records = []
+    for texts in (composed_texts(model, doors), passwords_only):
+        outputs, _ = asyncio.run(play("memsearcher", texts, question, tokenizer, url))
+        contexts = [ContextSample(o.prompt_ids, o.response_ids, o.extra_fields) for o in outputs]
+        records.append(
+            build_record(
+                contexts, tokenizer, source="eval", step=None, data_source="dev_k2", golden_answers=truth, reward=2.0
+            )
+        )
+    counts = [
+        [(t.answers_held, t.answers_read, t.statements_held, t.statements_read) for t in r.turns[:2]] for r in records
+    ]
+    assert counts[0] == [(2, 2, 1, 1), (2, 2, 2, 2)]  # one password read is both doors' answer
+    assert counts[1] == [(2, 2, 0, 1), (2, 2, 0, 2)]
+
+    find = open_page(browser, write_report(records, tmp_path / "page.html"))
+    find(".trajectory .summary")[1].click()
+    cards = [card.find_elements(By.CSS_SELECTOR, ".turn") for card in find(".trajectory")]
+    # (the headings are shown in capitals)
+    assert "holds 2 of the 2 answers read so far; 2 of the 2 statements" in cards[0][1].text.lower()
+    assert "holds 2 of the 2 answers read so far; 0 of the 2 statements" in cards[1][1].text.lower()

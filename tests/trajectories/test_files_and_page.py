@@ -33,19 +33,21 @@ def test_records_round_trip_and_are_found_from_the_run_dir(played_steps, tmp_pat
         record_files(tmp_path / "missing")
 
 
-def test_a_version_1_file_reads_back_with_no_weight_versions(played_steps, tmp_path):
-    """Version 2 added each turn's `weight_versions`; a file written by version 1 has neither it nor 2."""
+def test_a_version_1_file_reads_back_with_no_weight_versions_nor_statements(played_steps, tmp_path):
+    """Version 2 added each turn's `weight_versions`, version 3 its retention by statements; a file written by
+    version 1 has none of them."""
     path = write_records(records_path(tmp_path, "train", 1), played_steps[1])
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     for line in lines:
-        assert line["schema_version"] == 2
+        assert line["schema_version"] == 3
         line["schema_version"] = 1
         for turn in line["turns"]:
-            del turn["weight_versions"]
+            for added in ("weight_versions", "statements_read", "statements_held"):
+                del turn[added]
     path.write_text("".join(json.dumps(line) + "\n" for line in lines))
     old = read_records(path)
     assert [r.schema_version for r in old] == [1] * len(lines)
-    assert all(turn.weight_versions is None for r in old for turn in r.turns)
+    assert all(turn.weight_versions is None and turn.statements_read is None for r in old for turn in r.turns)
 
 
 def test_a_bad_line_is_named_with_its_field(played_steps, tmp_path):

@@ -76,3 +76,56 @@ def test_a_memory_never_holds_more_than_was_read(turns):
     logs = [turn(calls, shown, memory) for calls, shown, memory in turns]
     for counted in retention(logs, GOLDS):
         assert 0 <= counted.held <= counted.read <= len(GOLDS)
+
+
+# Two doors sharing their password, as at k = 8 with 8 passwords: the loose count takes one door's
+# statement for the other's; the exact count wants the door and its password in one sentence.
+SHARED = [["album"], ["album"]]
+QUESTION = (
+    "Answer the following questions: What is the password of station a1 at gate b1?; "
+    "What is the password of station c1 at gate d1?"
+)
+STATED = [
+    turn(
+        2,
+        "Doc 1: The password of station a1 at gate b1 is album. Other text.",
+        "The password of station a1 at gate b1 is album.",
+    ),
+    turn(
+        2,
+        "Doc 1: Nothing about door c1 here, though album is a word.",
+        "The password of station a1 at gate b1 is album.",
+    ),
+    turn(2, "Doc 1: The password of station c1 at gate d1 is album.", "Station c1 and gate d1 matter. The album."),
+]
+
+
+def test_exact_retention_wants_the_door_and_its_password_in_one_sentence():
+    counted = retention(STATED, SHARED, QUESTION)
+    # loose: both objectives read at turn 1 (album is shown) and held at every turn
+    assert [(c.read, c.held) for c in counted] == [(2, 2), (2, 2), (2, 2)]
+    # exact: door a1 read at turn 1 and held; turn 2 reads nothing new; turn 3 reads door c1, but the memory
+    # splits c1/d1 from album over two sentences and has dropped a1's statement
+    assert [(c.statements_read, c.statements_held) for c in counted] == [(1, 1), (1, 1), (2, 0)]
+
+
+def test_exact_retention_needs_questions_that_tell_objectives_apart():
+    assert retention(STATED, SHARED)[0].statements_read is None  # no question
+    one_question = "What is the password of station a1 at gate b1?"
+    assert retention(STATED, SHARED, one_question)[0].statements_read is None  # 1 question, 2 objectives
+    assert retention(STATED, [["album"]], one_question)[0].statements_read == 1
+
+
+def test_trainer_metric_reports_exact_retention_beside_the_loose_one():
+    samples = [{**sample, OutputField.QUESTION: QUESTION} for sample in fields("t", [[t] for t in STATED])]
+    metrics = retention_metrics(samples, [SHARED] * len(samples))
+    assert metrics["agent/memory_retention/mean"] == 1.0
+    assert metrics["agent/memory_retention_exact/mean"] == (1 + 1 + 0) / (1 + 1 + 2)
+    assert metrics["agent/memory_retention_exact/turn_3"] == 0.0
+
+
+@given(st.lists(st.tuples(st.integers(1, 2), st.one_of(st.none(), st.text()), st.one_of(st.none(), st.text()))))
+def test_a_statement_is_never_held_more_than_read_nor_more_than_the_answers(turns):
+    logs = [turn(calls, shown, memory) for calls, shown, memory in turns]
+    for counted in retention(logs, SHARED, QUESTION):
+        assert 0 <= counted.statements_held <= counted.statements_read <= counted.read <= len(SHARED)

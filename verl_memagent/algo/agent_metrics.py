@@ -118,24 +118,28 @@ def aggregate(trajectories: Sequence[TrajectorySummary], prefix: str = "agent") 
 def retention_metrics(extra_fields: Sequence[Mapping], ground_truths: Sequence[Any], prefix: str = "agent") -> dict:
     """Memory retention (`trajectories/retention.py`): `{prefix}/memory_retention/mean`, the answers the
     memories held over the answers read before they were written, pooled over every memory-writing turn,
-    and `.../turn_N`, the same at turn N (from 1). `ground_truths[i]` is the row's ground truth of
+    and `.../turn_N`, the same at turn N (from 1); `{prefix}/memory_retention_exact/...` the same by
+    statements, where the question tells its objectives apart. `ground_truths[i]` is the row's ground truth of
     `extra_fields[i]`. Empty when no memory was written after an answer was read (ReAct, or no search)."""
     trajectories: dict[str, tuple[list[Mapping], Any]] = {}
     for fields_, truth in zip(extra_fields, ground_truths, strict=True):
         if isinstance(fields_, Mapping) and OutputField.TRAJECTORY_ID in fields_ and truth is not None:
             trajectories.setdefault(str(fields_[OutputField.TRAJECTORY_ID]), ([], truth))[0].append(fields_)
-    read: dict[int, int] = defaultdict(int)
-    held: dict[int, int] = defaultdict(int)
+    counts = {name: (defaultdict(int), defaultdict(int)) for name in ("memory_retention", "memory_retention_exact")}
     for contexts, truth in trajectories.values():
         ordered = sorted(contexts, key=lambda c: c[OutputField.TURN_INDEX])
         logs = [log for context in ordered for log in context.get(OutputField.TURN_LOG) or []]
-        for turn in retention(logs, truth):
-            read[turn.turn + 1] += turn.read
-            held[turn.turn + 1] += turn.held
-    if not sum(read.values()):
-        return {}
-    metrics = {f"{prefix}/memory_retention/mean": sum(held.values()) / sum(read.values())}
-    metrics |= {f"{prefix}/memory_retention/turn_{n}": held[n] / read[n] for n in sorted(read) if read[n]}
+        for turn in retention(logs, truth, ordered[-1].get(OutputField.QUESTION)):
+            for name, (read, held) in counts.items():
+                exact = name.endswith("exact")
+                if not exact or turn.statements_read is not None:
+                    read[turn.turn + 1] += turn.statements_read if exact else turn.read
+                    held[turn.turn + 1] += turn.statements_held if exact else turn.held
+    metrics = {}
+    for name, (read, held) in counts.items():
+        if sum(read.values()):
+            metrics[f"{prefix}/{name}/mean"] = sum(held.values()) / sum(read.values())
+            metrics |= {f"{prefix}/{name}/turn_{n}": held[n] / read[n] for n in sorted(read) if read[n]}
     return metrics
 
 

@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from verl_memagent.output_fields import OutputField
-from verl_memagent.trajectories.retention import retention
+from verl_memagent.trajectories.retention import Retention, retention
 from verl_memagent.trajectories.schema import CallSpan, ModelCall, Passage, Source, TrajectoryRecord, Turn
 
 
@@ -83,6 +83,18 @@ def _mean(values: np.ndarray) -> float | None:
     return float(values.mean()) if values.size else None
 
 
+def retained_counts(turn: Retention | None) -> dict[str, int | None]:
+    """A turn's memory-retention fields of its record (none where the turn wrote no memory)."""
+    if turn is None:
+        return {}
+    return {
+        "answers_read": turn.read,
+        "answers_held": turn.held,
+        "statements_read": turn.statements_read,
+        "statements_held": turn.statements_held,
+    }
+
+
 def build_record(
     contexts: Sequence[ContextSample],
     tokenizer,
@@ -105,7 +117,8 @@ def build_record(
     turns: list[Turn] = []
     sampled: list[np.ndarray] = []
     logs = [log for sample in contexts for log in sample.extra_fields[OutputField.TURN_LOG]]
-    retained = {r.turn: r for r in retention(logs, golden_answers)} if golden_answers is not None else {}
+    question = str(final[OutputField.QUESTION])
+    retained = {r.turn: r for r in retention(logs, golden_answers, question)} if golden_answers is not None else {}
     for context_index, sample in enumerate(contexts):
         # an array: transformers turns it into a list in C, where a list of ints is checked item by item
         token_ids = np.concatenate([np.asarray(sample.prompt_ids, np.int64), np.asarray(sample.response_ids, np.int64)])
@@ -125,8 +138,7 @@ def build_record(
                     search_failed=bool(search and search["failed"]),
                     memory_before=log["memory_before"],
                     memory=log["memory"],
-                    answers_read=retained[len(turns)].read if len(turns) in retained else None,
-                    answers_held=retained[len(turns)].held if len(turns) in retained else None,
+                    **retained_counts(retained.get(len(turns))),
                     advantage=_mean(advantages),
                     weight_versions=_weight_versions(sample.extra_fields),
                 )
@@ -136,7 +148,7 @@ def build_record(
         step=step,
         agent=str(final[OutputField.AGENT_NAME]),
         data_source=str(data_source),
-        question=str(final[OutputField.QUESTION]),
+        question=question,
         golden_answers=plain(golden_answers),
         answer=final.get(OutputField.FINAL_ANSWER),
         finish_reason=str(final[OutputField.FINISH_REASON]),

@@ -18,7 +18,7 @@ from typing import Any, Literal, TypedDict
 
 from pydantic import BaseModel, ConfigDict
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3  # 3: a turn's memory retention by statements (statements_read, statements_held)
 
 #: where a record comes from: a training step, a validation, or `verl-memagent eval`
 Source = Literal["train", "validation", "eval"]
@@ -101,6 +101,10 @@ class Turn(_Record):
     # the searches had shown before the memory was written, and how many of them the memory holds
     answers_read: int | None = None
     answers_held: int | None = None
+    # the same by statements: an objective's answer with every content word of its own question in one
+    # sentence (trajectories/retention.py); None where the question's objectives cannot be told apart
+    statements_read: int | None = None
+    statements_held: int | None = None
     advantage: float | None  # mean over the turn's sampled tokens, as the trainer used them (training only)
     # [first, last] weight version (the trainer step whose update made the weights) of the generate calls of
     # the context holding the turn, as verl's rollout server reports them; None where none is reported
