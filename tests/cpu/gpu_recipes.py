@@ -121,3 +121,28 @@ def trained_rows(work: Path, step: int) -> set[str]:
     `work/rollouts`), less its padding rows."""
     rows = map(json.loads, (work / "rollouts" / f"{step}.jsonl").read_text().splitlines())
     return {row["uid"] for row in rows if row["input"]}
+
+
+def model_weights(folder: Path) -> dict:
+    """The tensors of a transformers model folder's safetensors files, by name."""
+    from safetensors.torch import load_file
+
+    return {name: value for path in sorted(folder.glob("*.safetensors")) for name, value in load_file(path).items()}
+
+
+def checkpoint_weights(run: Path, step: int, role: str) -> dict:
+    """A run's `role` (actor, critic) weights after `step`, from the checkpoint's transformers model."""
+    return model_weights(run / "checkpoints" / f"global_step_{step}" / role / "huggingface")
+
+
+def change_excess(one: dict, two: dict, base_one: dict, base_two: dict) -> tuple[float, float]:
+    """(largest change of run one, largest excess of |change two - change one| over two float32 roundings)."""
+    import torch
+
+    largest, excess = 0.0, 0.0
+    for name in one.keys() & base_one.keys():
+        a, b = one[name] - base_one[name], two[name] - base_two[name]
+        rounding = 2 * torch.finfo(torch.float32).eps * torch.maximum(one[name].abs(), two[name].abs())
+        largest = max(largest, a.abs().max().item())
+        excess = max(excess, ((a - b).abs() - rounding).max().item())
+    return largest, excess

@@ -46,8 +46,19 @@ from pathlib import Path
 
 import pytest
 import torch
-from gpu_recipes import finish, kill_run, launch, metrics, prepare_data, recipe_env, scripted_loops, session_processes
-from safetensors.torch import load_file
+from gpu_recipes import (
+    change_excess,
+    checkpoint_weights,
+    finish,
+    kill_run,
+    launch,
+    metrics,
+    model_weights,
+    prepare_data,
+    recipe_env,
+    scripted_loops,
+    session_processes,
+)
 from vllm_cpu import require_vllm_cpu
 
 from verl_memagent.trajectories.files import read_records
@@ -248,34 +259,14 @@ def test_one_metrics_line_per_step_and_every_row_on_policy(runs):
         _on_policy(runs[run])
 
 
-def _weights(run: Path, step: int, role: str) -> dict[str, torch.Tensor]:
-    folder = run / "checkpoints" / f"global_step_{step}" / role / "huggingface"
-    return {name: value for path in sorted(folder.glob("*.safetensors")) for name, value in load_file(path).items()}
-
-
-def _excess(one: dict, two: dict, base_one: dict, base_two: dict) -> tuple[float, float]:
-    """(largest change of run one, largest excess of |change two - change one| over two float32 roundings)."""
-    largest, excess = 0.0, 0.0
-    for name in one.keys() & base_one.keys():
-        a, b = one[name] - base_one[name], two[name] - base_two[name]
-        rounding = 2 * torch.finfo(torch.float32).eps * torch.maximum(one[name].abs(), two[name].abs())
-        largest = max(largest, a.abs().max().item())
-        excess = max(excess, ((a - b).abs() - rounding).max().item())
-    return largest, excess
-
-
-def _initial_weights(runs) -> dict[str, torch.Tensor]:
-    return {name: value for path in runs["initial"].glob("*.safetensors") for name, value in load_file(path).items()}
-
-
 def _same_actor_changes(runs, other: Path, steps: Sequence[int]) -> None:
     """The actor's change since the start, after each of `steps`, in run `other` within tolerance of run A's."""
-    initial = _initial_weights(runs)
+    initial = model_weights(runs["initial"])
     tolerance = ADAM_CHANGE_TOLERANCE if runs["agent"] == "mem1" else CHANGE_TOLERANCE
     for step in steps:
-        one, two = _weights(runs["one"], step, "actor"), _weights(other, step, "actor")
+        one, two = checkpoint_weights(runs["one"], step, "actor"), checkpoint_weights(other, step, "actor")
         assert one.keys() == two.keys()
-        largest, excess = _excess(one, two, initial, initial)
+        largest, excess = change_excess(one, two, initial, initial)
         assert largest > 100 * LR[runs["agent"]] * 1e-4, "the update moved nothing: the comparison would prove nothing"
         assert excess <= tolerance * largest, ("actor", step, excess, largest)
 
@@ -283,17 +274,22 @@ def _same_actor_changes(runs, other: Path, steps: Sequence[int]) -> None:
 def test_two_ranks_make_the_updates_of_one(runs):
     adam = runs["agent"] == "mem1"
     if adam:  # warm-up's step 1 at rate 0: the moments fill, no parameter moves
-        initial = _initial_weights(runs)
+        initial = model_weights(runs["initial"])
         for run in ("one", "two"):
-            assert all(torch.equal(value, initial[name]) for name, value in _weights(runs[run], 1, "actor").items())
+            assert all(
+                torch.equal(value, initial[name]) for name, value in checkpoint_weights(runs[run], 1, "actor").items()
+            )
     _same_actor_changes(runs, runs["two"], (2, 3) if adam else (1, 3))
     if adam:
         # the critic's value head starts random and unsaved: its change since step 1, then its step-1 weights
-        one, two = _weights(runs["one"], 1, "critic"), _weights(runs["two"], 1, "critic")
-        later_one, later_two = _weights(runs["one"], 3, "critic"), _weights(runs["two"], 3, "critic")
-        largest, excess = _excess(later_one, later_two, one, two)
+        one, two = checkpoint_weights(runs["one"], 1, "critic"), checkpoint_weights(runs["two"], 1, "critic")
+        later_one, later_two = (
+            checkpoint_weights(runs["one"], 3, "critic"),
+            checkpoint_weights(runs["two"], 3, "critic"),
+        )
+        largest, excess = change_excess(later_one, later_two, one, two)
         assert largest > 0 and excess <= ADAM_CHANGE_TOLERANCE * largest, ("critic", 3, excess, largest)
-        _, excess = _excess(one, two, dict.fromkeys(one, 0.0), dict.fromkeys(two, 0.0))
+        _, excess = change_excess(one, two, dict.fromkeys(one, 0.0), dict.fromkeys(two, 0.0))
         assert excess <= ADAM_CHANGE_TOLERANCE * largest, ("critic", 1, excess, largest)
 
 
