@@ -17,8 +17,10 @@ From verl's metrics of the steps after the first (whose rollout includes vLLM's 
 trained per second of step time, the trainer's idle share (`timing_s/gen`, its wait for rollout: all of
 the rollout under sync, the wait on the replay buffer under async), the staleness of the rows trained
 (`training/off_policy/trajectory_staleness`: weight versions between a row's and the trainer's), the
-groups the bound dropped and the contexts per trajectory; the load average beside each launch. The
-last line printed is one JSON object.
+groups the bound dropped and the contexts per trajectory; the load average beside each launch. Each
+ratio of async to sync comes with its launch-to-launch spread (the lowest async launch over the highest
+sync one, and the other way round): a difference inside it is one two launches of a mode also show.
+`--out/results.json` keeps every launch's figures; the last line printed is the same JSON object.
 
     python benchmarks/async_speedup.py --work DIR [--agent mem1] [--steps 4] [--lock FILE]
 
@@ -107,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--agent", default="mem1", choices=["mem1", "memsearcher"])
     parser.add_argument("--steps", type=int, default=4, help="steps per launch (the first is not timed)")
     parser.add_argument("--rounds", type=int, default=1, help="launches per mode, the order reversed every round")
-    parser.add_argument("--out", type=Path, help="the runs' folders (default: a temporary one)")
+    parser.add_argument("--out", type=Path, help="the runs' folders and results.json (default: a temporary one)")
     parser.add_argument("--lock", type=Path, help="a file to hold an exclusive flock on for all the launches")
     args = parser.parse_args(argv)
     if args.steps < 2:
@@ -139,15 +141,32 @@ def main(argv: list[str] | None = None) -> int:
     finally:
         if sweep.retriever is not None:
             sweep.retriever.stop()
-    modes = {mode: {"launches": launches[mode], **summary(metrics[mode])} for mode in MODES}
-    sync, separate = modes.values()
-    ratios = {
-        f"{name}_ratio": round(separate[name] / sync[name], 2)
-        for name in ("tokens_per_s", "contexts_per_s", "trajectories_per_s")
-    }
-    print(f"separate_async / sync: {ratios}")
-    print(json.dumps({"agent": args.agent, "steps": args.steps, "machine": sweep.machine, "modes": modes, **ratios}))
+    result = {"agent": args.agent, "steps": args.steps, "machine": sweep.machine, **compare(launches, metrics)}
+    print(f"separate_async / sync: {result['ratios']}")
+    (out / "results.json").write_text(json.dumps(result, indent=1) + "\n")
+    print(json.dumps(result))
     return 0
+
+
+def compare(launches: dict[str, list[dict]], metrics: dict[str, list[list[dict]]]) -> dict:
+    """Each mode's figures, pooled and per launch, and the ratios of async to sync with the launch-to-launch
+    spread: the lowest async launch over the highest sync one, and the other way round. A difference inside
+    that range is one the launches of a mode also show between themselves."""
+    modes = {
+        mode: {
+            "launches": [{**info, **summary([rows])} for info, rows in zip(launches[mode], metrics[mode], strict=True)],
+            **summary(metrics[mode]),
+        }
+        for mode in MODES
+    }
+    sync, separate = modes.values()
+    ratios, spread = {}, {}
+    for name in ("tokens_per_s", "contexts_per_s", "trajectories_per_s"):
+        ratios[name] = round(separate[name] / sync[name], 2)
+        low = min(run[name] for run in separate["launches"]) / max(run[name] for run in sync["launches"])
+        high = max(run[name] for run in separate["launches"]) / min(run[name] for run in sync["launches"])
+        spread[name] = [round(low, 2), round(high, 2)]
+    return {"modes": modes, "ratios": ratios, "ratio_spread": spread}
 
 
 if __name__ == "__main__":

@@ -101,3 +101,18 @@ def test_a_modes_figures_pool_its_launches_steps_after_the_first():
     assert figures["staleness_mean"] == round(2 / 3, 2) and figures["staleness_max"] == 1
     assert figures["contexts_mean"] == round(56 / 24, 2) and figures["contexts_max"] == 8.0
     assert figures["evicted_groups"] == 0
+
+
+def test_the_ratio_comes_with_the_launch_to_launch_spread():
+    first = step(100.0, 50.0, 9.0, 99_999, 0)
+    sync = [[first, step(10.0, 2.0, 2.0, 1_000, 0)], [first, step(10.0, 2.0, 2.0, 1_200, 0)]]  # 100 and 120 tokens/s
+    separate = [[first, step(10.0, 0.0, 2.0, 1_100, 1)], [first, step(10.0, 0.0, 2.0, 1_300, 1)]]  # 110 and 130
+    info = {"wall_s": 1.0}
+    result = async_speedup.compare(
+        {"memagent_sync": [info, info], "memagent_separate_async": [info, info]},
+        {"memagent_sync": sync, "memagent_separate_async": separate},
+    )
+    assert result["ratios"]["tokens_per_s"] == round(120 / 110, 2)  # pooled: 2,400 against 2,200 tokens in 20 s
+    assert result["ratio_spread"]["tokens_per_s"] == [round(110 / 120, 2), 1.3]  # inside it: no speed-up shown
+    launches = result["modes"]["memagent_sync"]["launches"]
+    assert [run["tokens_per_s"] for run in launches] == [100.0, 120.0] and launches[0]["wall_s"] == 1.0
