@@ -1,4 +1,4 @@
-"""The FSDP2 engine verl's trainer runs on CPU: the model's head and log-probabilities at response positions only.
+"""The FSDP2 engine verl's trainer runs on CPU: rows of like length, no mask, the head at response positions only.
 
 Without remove-padding (the CPU path: it needs flash-attention's varlen kernels) verl's engine
 (`FSDPEngineWithLMHead.prepare_model_outputs`, workers/engine/fsdp/transformer_impl.py) projects every
@@ -11,9 +11,11 @@ positions are taken in one call each, with verl's formulas. Every other position
 nothing reads. On the main job's rows (prompts of 300-450 tokens, responses of 20-200) this is most of
 the head's work and all of the per-token loop (benchmarks/rl_step.py).
 
-It also forms micro-batches of rows of like length (`forward_backward_batch`): less padding, a
-narrower head. Cases this does not cover (remove-padding, fused kernels, distillation, the sum of squared
-probabilities) go to verl's own code unchanged.
+The rows are right-padded, so they go through causal attention with no mask (`prepare_model_inputs`),
+and micro-batches are formed of rows of like length (`forward_backward_batch`): less padding, a
+narrower head. docs/cpu.md, "Speed", has the measured share of each. Cases this does not cover
+(remove-padding, fused kernels, distillation, the sum of squared probabilities) go to verl's own code
+unchanged.
 
 With `MEMAGENT_CPU_ENGINE_SHAPES=FILE` in the environment, every micro-batch's forward appends its
 padded shape to FILE (a JSON line: rows, padded width, head width, real and response tokens, whether it
