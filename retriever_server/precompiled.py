@@ -116,7 +116,11 @@ def _compile_into(spec: EncoderSpec, out: Path) -> dict:
                 exported = torch.export.export(eager, example, dynamic_shapes=(tuple(dims for _ in example),))
             package = Path(
                 torch._inductor.aoti_compile_and_package(
-                    exported, package_path=str(Path(tmp) / PACKAGE_FILE), inductor_configs=INDUCTOR_OPTIONS
+                    exported,
+                    package_path=str(Path(tmp) / PACKAGE_FILE),
+                    # a copy: torch adds a key to the dict it is given, which would change the
+                    # compile cache's key (`cached_package`) for the rest of the process
+                    inductor_configs=dict(INDUCTOR_OPTIONS),
                 )
             )
             reason = flaw(package)

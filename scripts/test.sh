@@ -17,4 +17,5 @@ ruff format --check .
 # pytest exits 5 when it collects no test: that fails this script, as it should. -X faulthandler: a
 # crash after the tests (a full run here once ended in a segmentation fault at interpreter exit, every
 # test passed) prints every thread's Python stack instead of nothing.
-python -X faulthandler -m pytest "${tier[@]}" "$@"
+# --durations: the slowest tests' times, so that a run's log says where CI's minutes go.
+python -X faulthandler -m pytest --durations=40 "${tier[@]}" "$@"

@@ -46,14 +46,7 @@ def subset(tmp_path_factory, data_dir) -> tuple[Path, list[dict], list[dict]]:
 
 @pytest.fixture(scope="session")
 def torch_build(tmp_path_factory, subset, minilm_dir) -> tuple[Path, str]:
-    """A torch index of the subset, and its build's output. A damaged package lies where the compile cache
-    (the session's own, tests/conftest.py) keeps MiniLM's: the build must find it unusable and compile."""
-    from retriever_server.encoders import resolve_spec
-    from retriever_server.precompiled import cached_package
-
-    planted = cached_package(resolve_spec(minilm_dir))
-    planted.parent.mkdir(parents=True, exist_ok=True)
-    planted.write_bytes(b"not a package")
+    """A torch index of the subset, and its build's output."""
     out = tmp_path_factory.mktemp("dense_torch")
     done = build_dense("--corpus", str(subset[0]), "--out", str(out), "--encoder", minilm_dir, "--index-type", "torch")
     return out, done.stdout
