@@ -90,6 +90,14 @@ def test_a_build_compiles_the_query_encoder_only_where_int8_is_the_faster(torch_
         assert "the int8 query encoder from the compile cache" in flat_build[1]
 
 
+def int8_searcher(index_dir: Path) -> Searcher:
+    """The index's searcher with int8 queries asked for, on any CPU (where int8 is slower than fp32 the
+    server warns so; not the point here)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", "--quantize int8 on a CPU where int8 is slower")
+        return Searcher(index_dir, LoadOptions(device="cpu", quantize="int8"))
+
+
 def test_the_index_meta_chooses_the_cpu_query_encoder(minilm_dir, subset, precompiled_index, int8_encoder):
     """`serve` follows the meta's int8 (where int8 is the faster here) or `--quantize`: fp32 ranks as
     the fp32 encoder over the index; the precompiled encoder ranks as the one compiled at load, the
@@ -104,9 +112,7 @@ def test_the_index_meta_chooses_the_cpu_query_encoder(minilm_dir, subset, precom
     np.testing.assert_allclose(scores, expected_scores, rtol=1e-6)
     by_default = Searcher(index_dir, LoadOptions(device="cpu"))._rows._encoder
     assert by_default.runner == ("precompiled" if int8_slow_here() is None else "traced")
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", "--quantize int8 on a CPU where int8 is slower")
-        searcher = Searcher(index_dir, LoadOptions(device="cpu", quantize="int8"))
+    searcher = int8_searcher(index_dir)
     assert searcher._rows._encoder.runner == "precompiled"
     precompiled, compiled = (e.encode_queries(texts, 16) for e in (searcher._rows._encoder, int8_encoder))
     assert np.sum(precompiled * compiled, axis=1).min() >= 0.999
@@ -127,10 +133,8 @@ def test_a_precompiled_encoder_runs_only_where_it_was_built_for(precompiled_inde
     meta["dense"]["precompiled"]["machine"]["torch"] = "2.0.0"
     (index_dir / "meta.json").write_text(json.dumps(meta))
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", "--quantize int8 on a CPU where int8 is slower")
-            with pytest.warns(UserWarning, match="compiled for torch 2.0.0, .*: compiling now"):
-                searcher = Searcher(index_dir, LoadOptions(device="cpu", quantize="int8"))
+        with pytest.warns(UserWarning, match="compiled for torch 2.0.0, .*: compiling now"):
+            searcher = int8_searcher(index_dir)
     finally:
         meta["dense"]["precompiled"]["machine"]["torch"] = here["torch"]
         (index_dir / "meta.json").write_text(json.dumps(meta))
