@@ -26,6 +26,8 @@ from memagent_examples.papers_claim.sweep import REPO, Sweep, shipped_seed
 AGENT = "memsearcher"
 #: the committed sweep whose ReAct figures the job prints beside its own
 SWEEP_RECORDS = REPO / "benchmarks" / "results" / "papers_claim_fresh.json"
+#: the name the sweep ran the recipe's settings (composed_doors_fresh.yaml's lr and KL) under
+RECIPE_SETTINGS = "lr3e-5_kl1e-2_t1.0"
 
 
 def step_line(record: dict) -> str:
@@ -68,7 +70,7 @@ def react_peaks() -> dict[int, float]:
     if not SWEEP_RECORDS.is_file():
         return {}
     records = [r for r in json.loads(SWEEP_RECORDS.read_text()) if r["agent"] == "react" and r["door_set"] == "test"]
-    after = [r for r in records if record_phase(r) == "after_rl_fresh"]  # the regime at its chosen settings
+    after = [r for r in records if record_phase(r) == f"after_rl_fresh_{RECIPE_SETTINGS}"]
     by_k: dict[int, list[float]] = {}
     for r in after:
         by_k.setdefault(r["objectives"], []).append(r["peak_context_tokens"])

@@ -1,6 +1,8 @@
-"""`benchmarks/papers_claim.py` in little: one memory agent scored, trained one step by verl's real trainer on
-the composed task, scored again, its records resumed and reported. One verl launch (slow tier); the command
-line's checks and the RL launch, composed as the launcher prints it, in the quick tier."""
+"""`benchmarks/papers_claim.py` in little: MemSearcher scored, trained one step by verl's real trainer in the
+papers' regime at the recipe's settings (composed_doors_fresh.yaml: fresh RL questions of every k, one update
+over the batch, the chosen lr and KL), scored again on the dev and test splits, its records resumed and
+reported. One verl launch (slow tier); the command line's checks and the RL launches, composed as the
+launcher prints them, in the quick tier."""
 
 from __future__ import annotations
 
@@ -27,6 +29,16 @@ TINY_STEP = (
     "trainer.total_training_steps=1",
     "trainer.save_freq=1",
 )
+#: the papers' regime's step at the same size: its own mini-batch is the whole batch, and no validation
+#: pass (the sweep scores the splits itself; the recipe's dev validation is composed below)
+TINY_FRESH_STEP = (
+    *TINY_STEP,
+    "actor_rollout_ref.actor.ppo_mini_batch_size=2",
+    "trainer.val_before_train=false",
+    "trainer.test_freq=-1",
+)
+#: the swept cells' evaluation questions per split and k, the test split among them
+TINY_EVAL = {"dev": 2, "unseen": 2, "test": 2}
 
 
 def seeded_build(work: Path, model: Path) -> None:
@@ -37,15 +49,17 @@ def seeded_build(work: Path, model: Path) -> None:
         (marker if piece == "model" else marker.parent).joinpath("complete").touch()
 
 
+FRESH_SIZES = {"objectives": (1, 2), "eval_tasks": TINY_EVAL, "rl_overrides": TINY_FRESH_STEP, "regime": "fresh"}
+
+
 @pytest.fixture(scope="module")
 def swept(tmp_path_factory, tiny_model_dir):
     work = tmp_path_factory.mktemp("papers_claim")
     seeded_build(work, tiny_model_dir)
-    sizes = {"objectives": (1, 2), "eval_tasks": {"dev": 2, "unseen": 2}, "rl_overrides": TINY_STEP}
-    sweep = Sweep(work, work / "papers_claim.json", **sizes)
+    sweep = Sweep(work, work / "papers_claim.json", **FRESH_SIZES)
     try:
         sweep.prepare()
-        sweep.sweep(seeds=1, agents=("mem1",))
+        sweep.sweep(seeds=1, agents=("memsearcher",))
     finally:
         sweep.retriever.stop()
     return work, sweep
@@ -55,11 +69,11 @@ def swept(tmp_path_factory, tiny_model_dir):
 def test_records_cover_every_cell_with_the_papers_figures(swept):
     work, sweep = swept
     records = json.loads((work / "papers_claim.json").read_text())
-    cells = {(r["agent"], r["phase"], r["seed"], r["door_set"], r["objectives"]) for r in records}
+    cells = {(r["agent"], claim_records.record_phase(r), r["seed"], r["door_set"], r["objectives"]) for r in records}
     expected = {
-        ("mem1", phase, seed, door_set, k)
-        for phase, seed in (("before_rl", None), ("after_rl", 0))
-        for door_set in ("dev", "unseen")
+        ("memsearcher", phase, seed, door_set, k)
+        for phase, seed in (("before_rl", None), ("after_rl_fresh", 0))
+        for door_set in ("dev", "unseen", "test")
         for k in (1, 2)
     }
     assert cells == expected and len(records) == len(expected)
@@ -67,19 +81,22 @@ def test_records_cover_every_cell_with_the_papers_figures(swept):
         assert record["questions"] == 2 and 0 <= record["em"] <= 1
         assert min(record[key] for key in ("peak_context_tokens", "prefill_tokens_per_question", "turns")) > 0
         assert record["cpu"]["model"] and record["warm_start_sha256"] == records[0]["warm_start_sha256"]
-        assert record["rl_objectives"] == ([2] if record["phase"] == "after_rl" else None)
-    examples = work / "eval" / "mem1_after_rl_0" / "k2_dev-unseen" / "examples.jsonl"
+        assert record["rl_objectives"] == ([1, 2, 4, 8] if record["phase"] == "after_rl" else None)
+        if record["phase"] == "after_rl":  # the settings a cell was trained with are in its records
+            assert (record["regime"], record["settings"]) == ("fresh", list(TINY_FRESH_STEP))
+    examples = work / "eval" / "memsearcher_after_rl_fresh_0" / "k2_dev-unseen-test" / "examples.jsonl"
     assert all(json.loads(line)["golden_answers"].__len__() == 2 for line in examples.read_text().splitlines())
 
 
 @pytest.mark.slow
 def test_the_rl_step_ran_in_verl_and_the_trained_policy_was_scored(swept):
     work, _ = swept
-    run = work / "rl" / "mem1_seed0"
+    run = work / "rl" / "memsearcher_fresh_seed0"
     steps = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert [s["step"] for s in steps if "critic/score/mean" in s["data"]] == [1]
     assert (run / "checkpoints" / "global_step_1" / "actor" / "huggingface" / "config.json").is_file()
-    summary = json.loads((work / "eval" / "mem1_after_rl_0" / "k1_dev-unseen" / "summary.json").read_text())
+    eval_dir = work / "eval" / "memsearcher_after_rl_fresh_0" / "k1_dev-unseen-test"
+    summary = json.loads((eval_dir / "summary.json").read_text())
     assert str(run / "checkpoints" / "global_step_1") in json.dumps(summary["run"])
 
 
@@ -87,13 +104,14 @@ def test_the_rl_step_ran_in_verl_and_the_trained_policy_was_scored(swept):
 def test_a_resumed_sweep_runs_no_cell_twice_and_reports(swept, tmp_path, capsys):
     work, sweep = swept
     before = (work / "papers_claim.json").read_text()
-    again = Sweep(work, work / "papers_claim.json", objectives=(1, 2), rl_overrides=TINY_STEP)
+    again = Sweep(work, work / "papers_claim.json", **FRESH_SIZES)
     again.retriever = sweep.retriever  # no cell is left, so nothing asks it
-    again.sweep(seeds=1, agents=("mem1",))
+    again.sweep(seeds=1, agents=("memsearcher",))
     assert (work / "papers_claim.json").read_text() == before
     summary = claim_report.report(json.loads(before), plot_path=tmp_path / "plot.png")
     out = capsys.readouterr().out
-    assert "| mem1 | before_rl | - |" in out and "| mem1 | after_rl | 1 |" in out
+    assert "test doors:" in out  # the final figures' split, where it was scored
+    assert "| memsearcher | before_rl | - |" in out and "| memsearcher | after_rl_fresh | 1 |" in out
     assert (tmp_path / "plot.png").read_bytes()[:4] == b"\x89PNG" and summary["cpu"]["model"]
 
 

@@ -43,8 +43,10 @@ def test_the_report_labels_each_figure_and_ends_in_json(capsys, monkeypatch, tmp
     after = {**cell, "phase": "after_rl", "seed": 0, "regime": "fresh", "rl_objectives": [1, 2, 4, 8]}
     records += [{**after, "objectives": k, "em": 1.0 / k, "peak_context_tokens": 520 + k} for k in (1, 8)]
     react = {"agent": "react", "door_set": "test", "phase": "after_rl", "regime": "fresh", "rl_objectives": [1]}
+    react_runs = [{**react, "settings_name": main_job.RECIPE_SETTINGS, "peak_context_tokens": p} for p in (3000, 3200)]
+    other_settings = {**react, "settings_name": "lr1e-4", "peak_context_tokens": 9000}
     sweep = tmp_path / "sweep.json"
-    sweep.write_text(json.dumps([{**react, "objectives": 8, "peak_context_tokens": p} for p in (3000, 3200)]))
+    sweep.write_text(json.dumps([{**r, "objectives": 8} for r in (*react_runs, other_settings)]))
     monkeypatch.setattr(main_job, "SWEEP_RECORDS", sweep)
     result = main_job.report(records, (0.4, 0.6))
     out = capsys.readouterr().out.splitlines()
@@ -53,3 +55,18 @@ def test_the_report_labels_each_figure_and_ends_in_json(capsys, monkeypatch, tmp
     assert out[3] == "peak context tokens, after RL    | k=1 521  k=8 528"
     assert out[4] == "ReAct's peak context after RL, from the committed sweep (not run here) | k=8 3100"
     assert json.loads(out[-1]) == result and result["react_peak_k8"] == 3100 and result["em_after_rl_k1"] == 1.0
+
+
+def test_the_committed_records_of_the_recipes_settings_ran_the_recipes_lr_and_kl():
+    """The job prints ReAct's figures of the sweep's cells named `RECIPE_SETTINGS`: they ran the values the recipe
+    holds now (the sweep gave them as overrides, before the recipe took them)."""
+    from omegaconf import OmegaConf
+
+    actor = OmegaConf.load(main_job.REPO / "recipes" / "cpu" / "composed_doors_fresh.yaml").actor_rollout_ref.actor
+    records = json.loads(main_job.SWEEP_RECORDS.read_text())
+    runs = [r for r in records if r.get("settings_name") == main_job.RECIPE_SETTINGS]
+    assert {r["agent"] for r in runs} >= {"memsearcher"}
+    for record in runs:
+        settings = dict(override.split("=", 1) for override in record["settings"])
+        assert float(settings["actor_rollout_ref.actor.optim.lr"]) == actor.optim.lr
+        assert float(settings["actor_rollout_ref.actor.kl_loss_coef"]) == actor.kl_loss_coef
