@@ -39,6 +39,7 @@ TINY_FRESH_STEP = (
 )
 #: the swept cells' evaluation questions per split and k, the test split among them
 TINY_EVAL = {"dev": 2, "unseen": 2, "test": 2}
+FRESH_SIZES = {"objectives": (1, 2), "eval_tasks": TINY_EVAL, "rl_overrides": TINY_FRESH_STEP, "regime": "fresh"}
 
 
 def seeded_build(work: Path, model: Path) -> None:
@@ -47,9 +48,6 @@ def seeded_build(work: Path, model: Path) -> None:
         shutil.copytree(model, work / "build" / piece)
         marker = work / "build" / piece
         (marker if piece == "model" else marker.parent).joinpath("complete").touch()
-
-
-FRESH_SIZES = {"objectives": (1, 2), "eval_tasks": TINY_EVAL, "rl_overrides": TINY_FRESH_STEP, "regime": "fresh"}
 
 
 @pytest.fixture(scope="module")
