@@ -72,21 +72,21 @@ def plot(records: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     door_set = figure_set(records)
     groups = grouped(records, door_set)
-    for agent in AGENTS:
+    for color, agent in enumerate(AGENTS):  # a color per agent, a line style per phase
         for phase in phases(records):
             style = {"before_rl": ":", "after_rl": "-"}.get(phase, "--")
+            drawn = {"color": f"C{color}", "label": f"{agent} ({phase.replace('_', ' ')})"}
             ks = [k for k in OBJECTIVES if groups.get((agent, phase, k))]
             if not ks:
                 continue
-            label = f"{agent} ({phase.replace('_', ' ')})"
             ems = [statistics.mean(r["em"] for r in groups[(agent, phase, k)]) for k in ks]
             peaks = [statistics.mean(r["peak_context_tokens"] for r in groups[(agent, phase, k)]) for k in ks]
             prefill = [statistics.mean(r["prefill_tokens_per_question"] for r in groups[(agent, phase, k)]) for k in ks]
-            (line,) = axes[0].plot(ks, ems, style, label=label)
+            axes[0].plot(ks, ems, style, **drawn)
             seeds = [(k, r["em"]) for k in ks for r in groups[(agent, phase, k)]]  # every seed: a spread is seen
-            axes[0].scatter(*zip(*seeds, strict=True), s=14, color=line.get_color())
-            axes[1].plot(ks, peaks, style, marker="o", label=label)
-            axes[2].plot(ks, prefill, style, marker="o", label=label)
+            axes[0].scatter(*zip(*seeds, strict=True), s=14, color=drawn["color"])
+            axes[1].plot(ks, peaks, style, marker="o", **drawn)
+            axes[2].plot(ks, prefill, style, marker="o", **drawn)
     titles = (
         f"EM per objective ({door_set} doors; a point per RL seed)",
         "Peak context tokens per trajectory",
