@@ -80,6 +80,12 @@ def metrics(work: Path) -> list[dict]:
     return [json.loads(line) for line in (work / "metrics.jsonl").read_text().splitlines()]
 
 
+def step_metrics(work: Path) -> tuple[list[int], dict[int, dict]]:
+    """The metric lines' steps in order (a list: a step logged twice shows) and each step's data."""
+    lines = metrics(work)
+    return [line["step"] for line in lines], {line["step"]: line["data"] for line in lines}
+
+
 def scripted_loops(path: Path, agents=("memsearcher", "mem1"), **settings) -> Path:
     """An agent-loop YAML registering `memagent_examples.scripted.ScriptedAgentLoop` under each agent's name,
     with the short prompts and `settings`."""

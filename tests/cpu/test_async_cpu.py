@@ -29,7 +29,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 import pytest
-from gpu_recipes import metrics, trained_rows
+from gpu_recipes import step_metrics, trained_rows
 from vllm_cpu import run_cpu_recipe_through_vllm
 
 from verl_memagent.cpu import SEPARATE_ASYNC_ONE_REPLICA
@@ -67,13 +67,12 @@ def run(request, tmp_path_factory, recipe_cache) -> dict:
         *overrides,
         ranks=1,
     )
-    lines = metrics(work)
-    steps = {line["step"]: line["data"] for line in lines}
+    metric_steps, steps = step_metrics(work)
     records = {step: read_records(work / "checkpoints" / "trajectories" / f"step_{step}.jsonl") for step in steps}
     return {
         "agent": agent,
         "work": work,
-        "metric_steps": [line["step"] for line in lines],
+        "metric_steps": metric_steps,
         "metrics": steps,
         "records": records,
     }

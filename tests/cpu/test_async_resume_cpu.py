@@ -27,7 +27,17 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
-from gpu_recipes import finish, kill_run, launch, metrics, prepare_data, recipe_env, scripted_loops, trained_rows
+from gpu_recipes import (
+    finish,
+    kill_run,
+    launch,
+    metrics,
+    prepare_data,
+    recipe_env,
+    scripted_loops,
+    step_metrics,
+    trained_rows,
+)
 from vllm_cpu import require_vllm_cpu
 
 from memagent_examples.scripted import ScriptedAgentLoop
@@ -109,12 +119,11 @@ def run(request, tmp_path_factory, tiny_model_dir, retriever_url, data_dir) -> d
     }
     hold.unlink()
     finish(launch(AGENT, env, work, *overrides), work, timeout=1700)
-    lines = metrics(work)
-    steps = {line["step"]: line["data"] for line in lines}
+    metric_steps, steps = step_metrics(work)
     return {
         "work": work,
         "killed": killed,
-        "metric_steps": [line["step"] for line in lines],  # a list: a step logged twice shows
+        "metric_steps": metric_steps,
         "metrics": steps,
         "records": {step: read_records(trajectories / f"step_{step}.jsonl") for step in steps},
         "questions": pd.read_parquet(data / "train.parquet").to_dict("records"),
