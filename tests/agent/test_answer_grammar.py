@@ -10,7 +10,12 @@ from hypothesis import strategies as st
 
 from verl_memagent.agent.parsing import Action, parse_tag_action
 from verl_memagent.agent.trajectory import Context
-from verl_memagent.reward.scores import exact_match_score, f1_with_format, multi_objective_em
+from verl_memagent.reward.scores import (
+    exact_match_score,
+    f1_with_format,
+    multi_objective_em,
+    multi_objective_em_with_format,
+)
 
 CALL = '<tool_call>{"name": "wikipedia_search", "arguments": {"query": "Leer"}}</tool_call>'
 PIECES = [
@@ -53,6 +58,10 @@ def test_memsearcher_record_scores_as_the_default_grammar_does(memsearcher_loop,
     plain = {"final_response": memsearcher_loop.assistant_turns(context)[-1], "finish_reason": "answer"}
     recorded = {**plain, "final_answer": answer, "final_format_ok": format_ok}
     assert f1_with_format("nq", "", ["Leda"], recorded) == f1_with_format("nq", "", ["Leda"], plain)
+    golds = [["Lower Saxony"], ["Leda"]]
+    with_format = multi_objective_em_with_format("mo", "", golds, recorded)
+    assert with_format == multi_objective_em_with_format("mo", "", golds, plain)
+    assert with_format["score"] in (0.0, 0.1, 1.0, 2.0) and with_format["format_ok"] == (format_ok and answer is not None)
 
 
 def _fields(text: str, action: Action) -> tuple[dict, dict]:

@@ -50,6 +50,17 @@ async def test_memsearcher_list_scored_on_its_final_output(run_ours, tokenizer, 
     assert final.reward_score == 1.0 and final.extra_fields["reward_extra_info"]["format_ok"] == 1.0
 
 
+@pytest.mark.parametrize(("golds", "score"), [([["Leda"]], 1.0), ([["Lower Saxony"], ["Leda"]], 0.1)])
+async def test_memsearcher_multi_objective_with_format_term_scored_by_verl(
+    run_ours, tokenizer, reward_config, golds, score
+):
+    outputs = await run_ours("memsearcher", ScriptedPolicy(tokenizer, [SEARCH, MEMORY, ANSWER]), topk=5)
+    final = await score_with_verl(reward_config, tokenizer, outputs, "multi_objective_em_with_format", golds)
+    # one answer for two objectives misses the first: no hit, a valid format, the format term
+    assert final.reward_score == pytest.approx(score)
+    assert final.extra_fields["reward_extra_info"]["em_fraction"] == (1.0 if score == 1.0 else 0.0)
+
+
 async def test_mem1_multi_objective_scored_by_verl(run_ours, tokenizer, reward_config):
     script = [
         "<IS>s</IS><search>Leer</search>",

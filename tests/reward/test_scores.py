@@ -8,6 +8,7 @@ from verl_memagent.reward.scores import (
     f1_with_format,
     final_answer,
     multi_objective_em,
+    multi_objective_em_with_format,
 )
 
 
@@ -48,6 +49,23 @@ def test_multi_objective_sum_of_em():
     assert short["score"] == 1.0  # a missing objective scores 0
     single = multi_objective_em("nq", "<answer>Paris</answer>", ["Paris", "Paname"], {})
     assert single["score"] == 1.0 and single["num_objectives"] == 1.0
+
+
+def test_multi_objective_with_format_term():
+    golds = [["Paris"], ["1969"]]
+    hit = multi_objective_em_with_format("mo", r"<think>t</think>\boxed{Paris; 1970}", golds, {})
+    assert hit["score"] == 1.0 and hit["em_fraction"] == 0.5 and hit["format_ok"] == 1.0
+    miss = multi_objective_em_with_format("mo", r"<think>t</think>\boxed{Rome; 1970}", golds, {})
+    assert miss["score"] == 0.1 and miss["em_fraction"] == 0.0  # the format term, not an objective
+    broken = multi_objective_em_with_format("mo", r"\boxed{Paris; 1969}", golds, {})  # no think block
+    assert broken["score"] == 0.0 and broken["em_fraction"] == 0.0 and broken["format_ok"] == 0.0
+    recorded = {"final_answer": "Paris; 1969", "final_format_ok": True}
+    assert multi_objective_em_with_format("mo", "", golds, recorded)["score"] == 2.0
+    assert multi_objective_em_with_format("mo", "", golds, {**recorded, "penalised": True})["score"] == 0.0
+    # an answer the agent's rule calls broken earns nothing, though MEM1's sum would count its hits
+    unformatted = {"final_answer": "Paris; 1969", "final_format_ok": False}
+    assert multi_objective_em_with_format("mo", "", golds, unformatted)["score"] == 0.0
+    assert multi_objective_em("mo", "", golds, unformatted)["score"] == 2.0
 
 
 def test_final_response_from_the_agent_loop_wins_over_verls_slice():

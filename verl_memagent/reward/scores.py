@@ -21,6 +21,7 @@ memory overflow in penalty mode) scores 0.
 | `f1_with_format` | MemSearcher training: 0 broken format, 0.1 valid format but F1 = 0, else F1 |
 | `exact_match_score` | evaluation (any agent): EM of the final answer |
 | `multi_objective_em` | MEM1: sum over objectives of EM, answers separated by `;` |
+| `multi_objective_em_with_format` | MEM1's sum with MemSearcher's format term: 0 broken, 0.1 valid with no hit |
 """
 
 from __future__ import annotations
@@ -76,15 +77,21 @@ def final_answer(solution_str: str, extra_info: Any = None) -> str | None:
     return recorded[0] if recorded is not None else extract_answer(_final_response(solution_str, extra_info))
 
 
-def f1_with_format(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs) -> dict:
-    """MemSearcher's reward: 0 if the format is broken, 0.1 if valid but F1 is 0, otherwise the F1."""
-    golds = gold_answers(ground_truth)
+def _format_verdict(solution_str: str, extra_info: Any = None) -> tuple[str | None, bool]:
+    """(answer, format ok) under MemSearcher's format rule: the agent's record, else the released rule on the
+    text as one ended assistant turn; a broken format or a penalty has no answer."""
     recorded = _recorded(extra_info)
     if recorded is None:
         recorded = released_verdict([_final_response(solution_str, extra_info)], ended=True)
     answer, format_ok = recorded
     format_ok = format_ok and answer is not None and not _penalised(extra_info)
-    answer = answer if format_ok else None
+    return (answer if format_ok else None), format_ok
+
+
+def f1_with_format(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs) -> dict:
+    """MemSearcher's reward: 0 if the format is broken, 0.1 if valid but F1 is 0, otherwise the F1."""
+    golds = gold_answers(ground_truth)
+    answer, format_ok = _format_verdict(solution_str, extra_info)
     f1 = f1_score(answer, golds) if answer is not None else 0.0
     em = exact_match(answer, golds) if answer is not None else 0.0
     score = (f1 if f1 > 0 else FORMAT_ONLY_REWARD) if format_ok else 0.0
@@ -107,8 +114,25 @@ def multi_objective_em(
 
     A prediction with fewer parts than objectives scores 0 on the missing ones; extra parts are ignored.
     """
+    return _objective_hits(final_answer(solution_str, extra_info), ground_truth)
+
+
+def multi_objective_em_with_format(
+    data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs
+) -> dict:
+    """MEM1's sum of EM with MemSearcher's format term (`f1_with_format`'s): 0 when the format is broken, 0.1
+    when it is valid and no objective is hit. An option of the papers' regime for MemSearcher on the composed
+    task, where most groups of eight-objective questions otherwise score all zero and teach nothing
+    (benchmarks/RESULTS.md); `em_fraction` stays the EM."""
+    answer, format_ok = _format_verdict(solution_str, extra_info)
+    hits = _objective_hits(answer, ground_truth)
+    score = hits["score"] if hits["score"] > 0 or not format_ok else FORMAT_ONLY_REWARD
+    return {**hits, "score": score, "format_ok": float(format_ok)}
+
+
+def _objective_hits(answer: str | None, ground_truth: Any) -> dict:
+    """The objectives `answer` hits (EM of each `;`-separated part against its objective's golds), summed."""
     objectives = objective_golds(ground_truth)
-    answer = final_answer(solution_str, extra_info)
     parts = split_objectives(answer) if answer is not None else []
     hits = [exact_match(part, golds) for part, golds in zip(parts, objectives, strict=False)]
     total = float(sum(hits))
