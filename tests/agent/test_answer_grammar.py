@@ -61,7 +61,8 @@ def test_memsearcher_record_scores_as_the_default_grammar_does(memsearcher_loop,
     golds = [["Lower Saxony"], ["Leda"]]
     with_format = multi_objective_em_with_format("mo", "", golds, recorded)
     assert with_format == multi_objective_em_with_format("mo", "", golds, plain)
-    assert with_format["score"] in (0.0, 0.1, 1.0, 2.0) and with_format["format_ok"] == (format_ok and answer is not None)
+    assert with_format["score"] in (0.0, 0.1, 1.0, 2.0)
+    assert with_format["format_ok"] == (format_ok and answer is not None)
 
 
 def _fields(text: str, action: Action) -> tuple[dict, dict]:
