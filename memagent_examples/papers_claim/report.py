@@ -63,6 +63,10 @@ def figure_set(records: list[dict]) -> str:
     return next((name for name in TEST_TASKS if any(r["door_set"] == name for r in records)), "dev")
 
 
+#: the line styles of an agent's phases after RL, in order (before RL: dotted)
+AFTER_RL_STYLES = ("--", "-", "-.")
+
+
 def plot(records: list[dict], path: Path) -> None:
     import matplotlib
 
@@ -72,13 +76,13 @@ def plot(records: list[dict], path: Path) -> None:
     fig, axes = plt.subplots(1, 3, figsize=(15, 4))
     door_set = figure_set(records)
     groups = grouped(records, door_set)
-    for color, agent in enumerate(AGENTS):  # a color per agent, a line style per phase
-        for phase in phases(records):
-            style = {"before_rl": ":", "after_rl": "-"}.get(phase, "--")
+    for color, agent in enumerate(AGENTS):  # a color per agent, a line style per phase of the agent
+        drawn_phases = [phase for phase in phases(records) if any(groups.get((agent, phase, k)) for k in OBJECTIVES)]
+        after = [phase for phase in drawn_phases if phase != "before_rl"]
+        for phase in drawn_phases:
+            style = ":" if phase == "before_rl" else AFTER_RL_STYLES[after.index(phase) % len(AFTER_RL_STYLES)]
             drawn = {"color": f"C{color}", "label": f"{agent} ({phase.replace('_', ' ')})"}
             ks = [k for k in OBJECTIVES if groups.get((agent, phase, k))]
-            if not ks:
-                continue
             ems = [statistics.mean(r["em"] for r in groups[(agent, phase, k)]) for k in ks]
             peaks = [statistics.mean(r["peak_context_tokens"] for r in groups[(agent, phase, k)]) for k in ks]
             prefill = [statistics.mean(r["prefill_tokens_per_question"] for r in groups[(agent, phase, k)]) for k in ks]
