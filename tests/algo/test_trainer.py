@@ -80,17 +80,20 @@ class RecordingCriticGroup:
         return DataProtoFuture(collect_fn=None, futures=[ray.put(output)])
 
 
-def put_rows(partition: str, keys: list[str], masks: list[list[int]], advantages=None, padding=()) -> KVBatchMeta:
+def put_rows(
+    partition: str, keys: list[str], masks: list[list[int]], advantages=None, padding=(), prompt_index=None
+) -> KVBatchMeta:
     """Rows as verl's V1 trainer holds them before an update, in a real TransferQueue; `advantages`
     (one value per row) on the masked tokens, log-probs, returns and values 0. Rows in `padding` are
-    verl's: one token, mask 0."""
+    verl's: one token, mask 0. `prompt_index`: each row's dataset index (default: its position)."""
     advantages = advantages if advantages is not None else [1.0] * len(keys)
     rows = [torch.tensor(mask, dtype=torch.int64) for mask in masks]
     fields = {"response_mask": rows, "advantages": [m.float() * a for m, a in zip(rows, advantages, strict=True)]}
     for name in ("old_log_probs", "returns", "values"):
         fields[name] = [torch.zeros(len(m)) for m in rows]
     nested = {name: torch.nested.as_nested_tensor(v, layout=torch.jagged) for name, v in fields.items()}
-    nested["index"] = torch.arange(len(keys))  # the prompts' dataset index: their order in the data
+    # the prompts' dataset index: their order in the data
+    nested["index"] = torch.arange(len(keys)) if prompt_index is None else torch.tensor(prompt_index)
     tags = [{"is_padding": i in padding, "seq_len": 8 + len(mask)} for i, mask in enumerate(masks)]
     tq.kv_batch_put(keys=keys, partition_id=partition, fields=TensorDict(nested, batch_size=len(keys)), tags=tags)
     return KVBatchMeta(keys=keys, tags=tags, partition_id=partition)
@@ -207,6 +210,20 @@ def test_fixed_optimizer_steps_are_off_by_default(transfer_queue):
     trainer._update_actor(_batch("verl_steps", 16), metrics={})
     assert trainer.actor_rollout_wg.mini_batch_sizes == [8]
     assert trainer._get_required_batch_multiple(dp_size=2) == 8
+
+
+def test_a_steps_rows_go_on_in_the_datas_order_whatever_order_verl_listed_them(transfer_queue, tokenizer):
+    """Prompt "zz" is the data's first (dataset index 0), "aa" its second: sorted by uid, as by verl's
+    random uids, "aa" would come first. Sessions sort as numbers (10 after 2), turns in turn."""
+    trainer = MultiContextTrainerSync(verl_config(*BASE))
+    trainer.actor_rollout_wg = RecordingActorGroup(trainer.config)
+    trainer.global_steps, trainer.tokenizer = 1, tokenizer  # fit() and init() set them
+    listed = ["aa_0_1", "zz_10_0", "aa_0_0", "zz_2_1", "aa_1_0", "zz_2_0", "zz_10_1", "aa_0_2"]
+    index = [1 if key.startswith("aa") else 0 for key in listed]
+    batch = put_rows("data_order", listed, [[1, 1]] * len(listed), prompt_index=index)
+    batch = trainer._balance_batch(batch, metrics={})
+    assert batch.keys == ["zz_2_0", "zz_2_1", "zz_10_0", "zz_10_1", "aa_0_0", "aa_0_1", "aa_0_2", "aa_1_0"]
+    assert [tag["seq_len"] for tag in batch.tags] == [10] * 8  # the tags went with their rows
 
 
 def test_verls_own_trainer_path_fails_clearly_without_trajectory_layout():

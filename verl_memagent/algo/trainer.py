@@ -141,6 +141,16 @@ class MultiContextTrainerMixin(UpdateStepsMixin):
     def trainer_mode(self, _registered_name: str) -> None:
         pass
 
+    def _balance_batch(self, batch: KVBatchMeta, metrics, logging_prefix="global_seqlen", keep_minibatch=False):
+        """verl's replay buffer hands a step's rows in TransferQueue's listing order, whose prompts come in
+        no fixed order (their uids are random). The rows are put in the data's order (prompt, trajectory,
+        turn; `update_plan.data_order`) before verl balances them over the ranks, so that what is summed in
+        which order (old log-probs by micro-batch, group statistics) depends on the rows alone: two runs of
+        the same rows, sync or async, make the same update to the last bit."""
+        padding = [tag.get("is_padding", False) for tag in batch.tags]
+        batch.reorder(np.argsort(self._data_order(batch, padding)).tolist())
+        return super()._balance_batch(batch, metrics, logging_prefix, keep_minibatch)
+
     # ---- advantages ----------------------------------------------------------------------------
 
     def _compute_advantage(self, batch: KVBatchMeta, metrics: dict) -> KVBatchMeta:
