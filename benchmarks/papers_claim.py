@@ -75,6 +75,13 @@ def build_parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--rl-override", action="append", default=[], help="a hydra override of the regime's recipe (repeatable)"
     )
+    parser.add_argument(
+        "--rl-agent-setting",
+        action="append",
+        default=[],
+        help="agent.setting=value: an agent-loop setting RL trains under (e.g. memsearcher.action_rules=released; "
+        "repeatable); evaluation keeps the composed loops' settings",
+    )
     parser.add_argument("--test", action="store_true", help="also score the test split (for the final figures only)")
     parser.add_argument(
         "--curves", type=Path, default=RESULTS_DIR / "curves", help="where each RL run's curves are kept"
@@ -120,8 +127,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
     args.results = args.results or RESULTS[args.regime]
-    if (args.settings or args.rl_override) and args.regime == "mem1":
-        parser.error("--settings and --rl-override are the papers' regime's: add --regime fresh")
+    if (args.settings or args.rl_override or args.rl_agent_setting) and args.regime == "mem1":
+        parser.error("--settings, --rl-override and --rl-agent-setting are the papers' regime's: add --regime fresh")
     if not args.report:
         if args.work is None:
             parser.error("--work is required to run the sweep")
@@ -134,6 +141,7 @@ def main(argv: list[str] | None = None) -> int:
         if starts:
             given = {"build_seed": shipped_seed(args.agents)}
         regime = {"regime": args.regime, "settings": args.settings, "rl_overrides": tuple(args.rl_override)}
+        regime |= {"rl_agent_settings": tuple(args.rl_agent_setting)}
         regime |= {"test": args.test, "curves": args.curves}
         sweep = Sweep(
             args.work, args.results, lock=args.lock, rl_objectives=args.rl_objectives, starts=starts, **regime, **given

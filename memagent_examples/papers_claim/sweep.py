@@ -19,6 +19,9 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+from omegaconf import OmegaConf
+
 from memagent_examples.build_records import cpu, read_record
 from memagent_examples.composed_doors.task import (
     PROMPT_LENGTH,
@@ -79,7 +82,7 @@ class Sweep:
     MEM1's (2,) trains on questions of each of those k: its cells are phases of their own. `regime`:
     `mem1` (recipes/cpu/composed_doors.yaml) or `fresh`, the papers' regime (composed_doors_fresh.yaml:
     fresh rl_pool doors at k = 1, 2, 4, 8, validated on the dev split), whose `settings` name a variant of
-    its `rl_overrides` (a phase of its own, the overrides in its records). `test` also scores the test
+    its `rl_overrides` and `rl_agent_settings` (a phase of its own, both in its records). `test` also scores the test
     split. `starts`: a folder of warm starts, one per agent (the shipped `SHIPPED_STARTS`), which the build
     then does not make. `curves`: where each RL run's curves are kept (`curves.save_curve`)."""
 
@@ -94,6 +97,7 @@ class Sweep:
         objectives: tuple[int, ...] = OBJECTIVES,
         eval_tasks: dict[str, int] = EVAL_TASKS,
         rl_overrides: tuple[str, ...] = (),
+        rl_agent_settings: tuple[str, ...] = (),
         rl_objectives: tuple[int, ...] = RL_OBJECTIVES,
         starts: Path | None = None,
         regime: str = "mem1",
@@ -103,7 +107,7 @@ class Sweep:
     ):
         self.work, self.results, self.lock = work, results, lock
         self.build_seed, self.copy_steps, self.warm_steps = build_seed, copy_steps, warm_steps
-        self.objectives, self.rl_overrides = objectives, rl_overrides
+        self.objectives, self.rl_overrides, self.rl_agent_settings = objectives, rl_overrides, rl_agent_settings
         self.eval_tasks = {**eval_tasks, **(TEST_TASKS if test else {})}
         self.rl_objectives, self.starts = (FRESH_OBJECTIVES if regime == "fresh" else rl_objectives), starts
         self.regime, self.settings, self.curves = regime, settings, curves
@@ -222,12 +226,29 @@ class Sweep:
         (metrics.jsonl, checkpoints/): `recipes/cpu/composed_doors.sh` with this sweep's `rl_overrides`, then
         `overrides`. The retriever must be up (`prepare`)."""
         env = {**os.environ, "WORK": str(out), "SEED": str(seed), "MEMAGENT_RETRIEVER_URL": self.retriever.url}
-        env["AGENT_LOOPS_YAML"] = str(AGENT_LOOPS)
+        env["AGENT_LOOPS_YAML"] = str(self.rl_agent_loops(out))
         env["PATH"] = os.pathsep.join([str(Path(sys.executable).parent), os.environ.get("PATH", "")])  # this Python
         if self.regime == "fresh":
             env |= {"RECIPE": "composed_doors_fresh", "VAL_DATA": str(self.val_data(agent))}
         command = ["bash", str(RL_LAUNCHER), str(self.warm_model(agent)), str(self.rl_data(agent, seed))]
         return [*command, *self.rl_overrides, *overrides], env
+
+    def rl_agent_loops(self, out: Path) -> Path:
+        """The agent loops RL trains: `AGENT_LOOPS`, or with `rl_agent_settings` (`agent.setting=value`, e.g.
+        `memsearcher.action_rules=released`) a copy written to `out` with those settings changed. Evaluation
+        always runs `AGENT_LOOPS`, so every phase is scored under the same rules."""
+        if not self.rl_agent_settings:
+            return AGENT_LOOPS
+        entries = {entry.name: entry for entry in OmegaConf.load(AGENT_LOOPS)}
+        for setting in self.rl_agent_settings:
+            path, _, value = setting.partition("=")
+            agent, _, key = path.partition(".")
+            if agent not in entries or not key or not value:
+                raise ValueError(f"rl_agent_settings: {setting!r} is not `agent.setting=value` of {sorted(entries)}")
+            OmegaConf.update(entries[agent], key, yaml.safe_load(value), merge=False)
+        out.mkdir(parents=True, exist_ok=True)
+        OmegaConf.save(OmegaConf.create(list(entries.values())), out / "agent_loops.yaml")
+        return out / "agent_loops.yaml"
 
     def train(self, agent: str, seed: int) -> Path:
         """The policy RL seed `seed` trains from `agent`'s warm start (verl's main_ppo, cached); its curves
@@ -265,7 +286,8 @@ class Sweep:
         trained_on = list(self.rl_objectives) if phase == "after_rl" else None
         provenance = {"rl_objectives": trained_on, "cpu": self.machine, "warm_start_sha256": start}
         if phase == "after_rl" and self.regime != "mem1":
-            provenance |= {"regime": self.regime, "settings_name": self.settings, "settings": list(self.rl_overrides)}
+            settings = [*self.rl_overrides, *(f"agent_loops.{setting}" for setting in self.rl_agent_settings)]
+            provenance |= {"regime": self.regime, "settings_name": self.settings, "settings": settings}
         cell = []
         for k in self.objectives:
             out = self.work / "eval" / f"{agent}_{self.phase(phase)}_{seed}" / f"k{k}_{'-'.join(door_sets)}"

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import papers_claim
 import pytest
+from omegaconf import OmegaConf
 
 from memagent_examples.composed_doors.task import write_door_sets
 from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
@@ -204,7 +205,8 @@ def test_the_papers_regime_launches_its_recipe_validated_on_the_dev_split(
     tmp_path, tokenizer, retriever_server, bm25_index_dir
 ):
     """`--regime fresh`: the run composes composed_doors_fresh.yaml (one update a step over the batch, a warm-up,
-    validation every few steps), trains on fresh rl_pool questions and validates on the dev split's."""
+    validation every few steps), trains on fresh rl_pool questions and validates on the dev split's; an
+    agent-loop setting (`--rl-agent-setting`) reaches the RL run's loops only, in a copy beside the run."""
     import pandas as pd
 
     write_door_sets(tmp_path / "build" / "task", tokenizer, REPO / "data" / "corpus.jsonl")
@@ -215,6 +217,7 @@ def test_the_papers_regime_launches_its_recipe_validated_on_the_dev_split(
         settings="lr3e-5",
         starts=SHIPPED_STARTS,
         rl_overrides=("actor_rollout_ref.actor.optim.lr=3e-5",),
+        rl_agent_settings=("mem1.max_turns=6",),
     )
     sweep.retriever = retriever_server(bm25_index_dir)
     out = tmp_path / "rl" / "mem1_fresh_seed1"
@@ -229,6 +232,15 @@ def test_the_papers_regime_launches_its_recipe_validated_on_the_dev_split(
     validation = pd.read_parquet(out / "test.parquet")
     assert set(validation.data_source) == {f"{name}_k{k}" for name in ("dev", "unseen") for k in (1, 2, 4, 8)}
     assert sweep.phase("after_rl") == "after_rl_fresh_lr3e-5"
+    loops, composed = (
+        {entry["name"]: entry for entry in OmegaConf.to_container(OmegaConf.load(path))}
+        for path in (config.actor_rollout_ref.rollout.agent.agent_loop_config_path, AGENT_LOOPS)
+    )
+    assert loops["mem1"]["max_turns"] == 6 and composed["mem1"]["max_turns"] == 10  # the run's copy, not the file
+    assert {**loops["mem1"], "max_turns": 10} == composed["mem1"] and loops["react"] == composed["react"]
+    sweep.rl_agent_settings = ("mem1=6",)
+    with pytest.raises(ValueError, match="'mem1=6' is not `agent.setting=value`"):
+        sweep.rl_launch("mem1", 1, out)
 
 
 def test_every_file_a_sweep_writes_keeps_the_splits_apart(tmp_path, tokenizer):
