@@ -1,4 +1,4 @@
-"""Does MemSearcher learn on CPU, every time? The main job's RL stage on several seeds from one warm start.
+"""Does MemSearcher learn on CPU, every time? The learning demo's RL stage on several seeds from one warm start.
 
 Runs `recipes/cpu/learn_codes.sh` once per seed with the same task and warm start (the shipped one,
 or with `--start build` one built here from `--build-seed` and cached) and a different
@@ -58,7 +58,7 @@ def run_seed(work: Path, start: str, build_seed: int, rl_seed: int, lock: Path |
             fcntl.flock(held.enter_context(lock.open("a")), fcntl.LOCK_EX)
         began = time.perf_counter()
         done = subprocess.run(["bash", str(SCRIPT)], env=env, capture_output=True, text=True, check=False)
-    (work / "main_job.log").write_text(done.stdout + done.stderr)
+    (work / "learn_codes.log").write_text(done.stdout + done.stderr)
     if done.returncode != 0:
         raise SystemExit(f"learn_codes.sh failed for SEED={rl_seed} ({done.returncode}):\n{done.stderr[-4000:]}")
     result = json.loads(done.stdout.strip().splitlines()[-1])
@@ -71,7 +71,7 @@ def run_seed(work: Path, start: str, build_seed: int, rl_seed: int, lock: Path |
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seeds", type=int, default=1, help="reinforcement-learning seeds 0..N-1")
-    parser.add_argument("--start", choices=("shipped", "build"), default="shipped", help="the main job's START")
+    parser.add_argument("--start", choices=("shipped", "build"), default="shipped", help="the learning demo's START")
     parser.add_argument("--build-seed", type=int, default=0, help="with --start build: the task and warm start's seed")
     parser.add_argument("--work", type=Path, help="output directory (default: a temporary one)")
     parser.add_argument("--lock", type=Path, help="a file to hold an exclusive flock on during each run")

@@ -1,7 +1,7 @@
 """What a CPU RL step costs, phase by phase, beside the time its arithmetic needs: configurations A/B in one run.
 
 Each configuration is a git revision of this repository (its recipes, plugin and agent loops) plus
-hydra overrides and environment variables, launched on the main job's task exactly as the main job
+hydra overrides and environment variables, launched on the learning demo's task exactly as the demo
 launches it (`recipes/cpu/learn_codes.sh`: the shipped warm start, `learn_codes.yaml`, 8 questions x 8
 trajectories a step, `train_on_cpu` of the revision's own `preamble.sh`), for `--steps` steps with
 no checkpoint. The task, its BM25 index and the training data are built once, by this checkout, and
@@ -95,7 +95,7 @@ def checkout(revision: str, work: Path) -> Path:
 
 
 def build_task(work: Path) -> Path:
-    """The main job's task from the shipped start's seed, its BM25 index and training data; built once."""
+    """The learning demo's task from the shipped start's seed, its BM25 index and training data; built once."""
     task = work / "task"
     if (task / "complete").is_file():
         return task

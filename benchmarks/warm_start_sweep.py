@@ -1,11 +1,11 @@
-"""How good is the main job's warm start after N demonstration steps? EM at every checkpoint of one run.
+"""How good is the learning demo's warm start after N demonstration steps? EM at every checkpoint of one run.
 
-The main job (`recipes/cpu/learn_codes.sh`) stops its warm start early on purpose, so that RL has
-something to reinforce and room to show it (docs/main_job.md). Where "early" lies moves with the code and
+The learning demo (`recipes/cpu/learn_codes.sh`) stops its warm start early on purpose, so that RL has
+something to reinforce and room to show it (docs/learn_codes.md). Where "early" lies moves with the code and
 libraries the build depends on, so this measures it: one warm start of a build's tiny model on its
-demonstrations (`task warm-start --checkpoint-every`, the main job's command; a checkpoint after N
+demonstrations (`task warm-start --checkpoint-every`, the demo's command; a checkpoint after N
 steps is the model of a run of N steps), then `verl-memagent eval` of every checkpoint on the task's
-questions, greedy and sampled, as the main job scores its policy. The baseline is the random model
+questions, greedy and sampled, as the demo scores its policy. The baseline is the random model
 (no demonstration steps). Prints one line per checkpoint, then one JSON object.
 
     START=build recipes/cpu/learn_codes.sh trainer.total_training_steps=1   # once, to build and cache the task
@@ -59,7 +59,7 @@ def em(model: Path, build: Path, url: str, out: Path, samples: int) -> tuple[flo
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", type=Path, required=True, help="a cached build of the main job (has task/, bm25/)")
+    parser.add_argument("--build", type=Path, required=True, help="a cached build of the learning demo (has task/, bm25/)")
     parser.add_argument("--steps", type=int, default=400, help="demonstration steps of the run")
     parser.add_argument("--every", type=int, default=25, help="checkpoint and score every N steps")
     parser.add_argument("--copy-steps", type=int, default=800)

@@ -1,6 +1,6 @@
 """Examples built on verl-memagent, kept out of the plugin that every verl process imports.
 
-- `learn_codes`: the CPU main job's password task (`recipes/cpu/learn_codes.sh`, docs/main_job.md): task
+- `learn_codes`: the CPU learning demo's password task (`recipes/cpu/learn_codes.sh`, docs/learn_codes.md): task
   data, its shipped warm start (`learn_codes/start/`) and the reward curve.
 - `composed_doors`: the same doors asked several at a time, with doors no policy trained on, and the
   three agents' shipped warm starts (`composed_doors/starts/`): the papers' claim in miniature.

@@ -1,8 +1,8 @@
 """The record every warm-start build writes beside its weights (`build.json`), and the saver that writes it.
 
 A warm start built from the same inputs on another machine is another model: another CPU's float
-arithmetic, amplified over thousands of training steps of a tiny model, moved the main job's start from
-EM 0.62 to 0.19 (docs/main_job.md). So the examples ship their warm starts, and each build records
+arithmetic, amplified over thousands of training steps of a tiny model, moved the learning demo's start from
+EM 0.62 to 0.19 (docs/learn_codes.md). So the examples ship their warm starts, and each build records
 what it was built from and where: its inputs, the commit, the library versions, the CPU, and a digest
 of the first contexts the agent loop built for its demonstrations (`contexts`: which ones it covers,
 and their sha256). The digest tells whether today's agent loop still shows the policy exactly what

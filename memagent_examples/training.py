@@ -136,7 +136,7 @@ def supervised_steps(
     `unpadded`: the same loss (the mean over the batch's labelled tokens) computed one sample at a
     time, without padding: with a padding mask torch's CPU attention materialises every row's full
     score matrix, which made a batch of ReAct trajectories of up to 3k tokens take 27 s a step (the
-    main job's short contexts keep the padded batch, whose floats its shipped start was built with).
+    learning demo's short contexts keep the padded batch, whose floats its shipped start was built with).
     `decay_steps`, `resume`: as `adamw_steps`'.
     """
     rng = random.Random(seed)

@@ -3,7 +3,7 @@
 Each check renders the sentence or table cell a doc states from the source's current value (a recipe
 YAML, a launcher's default, a dataclass default, an argparse default, the released values) and looks
 for it in the doc: change the value and the doc must change too. Each has a test that a changed
-value is caught. Docs: main_job.md, cpu.md, agents.md (settings, fields, finish reasons, metrics),
+value is caught. Docs: learn_codes.md, cpu.md, agents.md (settings, fields, finish reasons, metrics),
 retriever.md (`serve`'s options), fidelity.md (released values). The module table is docs/design.md's,
 checked by tests/test_layout.py.
 """
@@ -89,8 +89,8 @@ def words(doc: str) -> str:
 
 
 @pytest.mark.parametrize("sentence", learn_codes_sentences() + learn_codes_agent_sentences())
-def test_docs_main_job_states_the_main_jobs_values(sentence):
-    assert sentence in words("main_job.md"), sentence
+def test_docs_learn_codes_states_the_learning_demos_values(sentence):
+    assert sentence in words("learn_codes.md"), sentence
 
 
 @pytest.mark.parametrize("sentence", agent_loops_sentences() + smoke_sentences())
@@ -106,7 +106,7 @@ def test_a_value_changed_without_its_doc_is_caught(tmp_path):
     (tmp_path / "learn_codes.yaml").write_text(yaml.safe_dump(config))
     launcher = tmp_path / "learn_codes.sh"
     launcher.write_text(re.sub(r"WARM_STEPS:-\d+", "WARM_STEPS:-999", launcher.read_text()))
-    doc = words("main_job.md")
+    doc = words("learn_codes.md")
     missing = [sentence for sentence in learn_codes_sentences(tmp_path) if sentence not in doc]
     expected = ["lr 3e-4, 4 actor updates per step", "BUILD_SEED=0 COPY_STEPS=800 WARM_STEPS=999", "`WARM_STEPS=999`"]
     assert missing == expected

@@ -143,7 +143,7 @@ def agent_format(agent: str, tokenizer, hf_model_type: str, agent_loops_yaml: st
 
 def copy_pretrain(model_dir: Path, out: Path, steps: int, distant_steps: int, seed: int = 0) -> list[float]:
     """The tiny model after `steps` of copy pretraining on adjacent repeats (`copy_rows.copy_pretraining`,
-    as the main job's start), then `distant_steps` on `COPY_ROWS`, saved to `out`: the one starting point
+    as the learning demo's start), then `distant_steps` on `COPY_ROWS`, saved to `out`: the one starting point
     every agent's warm start continues from. Two phases because induction heads form on adjacent repeats
     (loss 8.3 -> 2.4 in 800 steps) and not on distant ones from a random model (16.7 -> 16.0 in 1,300)."""
     import torch

@@ -1,1 +1,1 @@
-"""The password task the CPU main job learns (`recipes/cpu/learn_codes.sh`, docs/main_job.md)."""
+"""The password task the CPU learning demo learns (`recipes/cpu/learn_codes.sh`, docs/learn_codes.md)."""

@@ -1,8 +1,8 @@
-"""The main job's figures per training step from verl's file logger (`trainer.logger=[...,'file']`).
+"""The learning demo's figures per training step from verl's file logger (`trainer.logger=[...,'file']`).
 
 `python -m memagent_examples.learn_codes.reward_curve --follow < stream` prints one console line per
 step (step, reward, answered share, searches per trajectory, seconds) as verl's JSON lines arrive;
-the main job pipes `tail -F metrics.jsonl` into it while the trainer runs.
+the learning demo pipes `tail -F metrics.jsonl` into it while the trainer runs.
 
 `python -m memagent_examples.learn_codes.reward_curve metrics.jsonl --png curve.png [--eval NAME=summary.json]`
 saves the plot (reward, searches per trajectory, answered share per step, and the EM of each
@@ -88,7 +88,7 @@ def eval_em(summary_json: Path, dataset: str | None = None) -> float:
     return (result["datasets"][dataset] if dataset else result["overall"])["em"]
 
 
-#: what each of the main job's scorings measures, by the end of its name (`before_rl_greedy`, ...)
+#: what each of the learning demo's scorings measures, by the end of its name (`before_rl_greedy`, ...)
 SCORED = {
     "held_out_greedy": ("held-out doors", "greedy"),
     "greedy": ("RL questions", "greedy"),

@@ -1,8 +1,8 @@
-"""The warm start the main job reinforces: the one shipped in `start/`.
+"""The warm start the learning demo reinforces: the one shipped in `start/`.
 
 A warm start built from the same inputs on another machine is another model: another CPU's float
 arithmetic, amplified over the training steps of a tiny model, moved it from EM 0.62 to 0.19 on the
-task (docs/main_job.md). So the main job starts from the reference warm start in `start/`, built once
+task (docs/learn_codes.md). So the demo starts from the reference warm start in `start/`, built once
 by the project's own `task warm-start` command and copied there, on every machine and for every RL
 seed; `START=build` builds one on this machine instead. Its `build.json` (`build_records`) digests the
 contexts of the first `DIGESTED_DOORS` demonstrations.

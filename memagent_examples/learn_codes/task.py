@@ -13,7 +13,7 @@ demonstrated memory and final thought restate the passage's sentence word for wo
 of station century at gate born is album."), so copying is continuing a repeat, which is what
 copy pretraining teaches a random model. With 8 stations x 6 gates and a memory that paraphrased
 ("The password is album.") the warm-started model remembered the 32 demonstration doors' passwords
-instead and answered the task at chance (docs/main_job.md).
+instead and answered the task at chance (docs/learn_codes.md).
 
 A random model never writes the format, so `warm_start` first shows it the way: the real MemSearcher
 agent loop plays scripted demonstrations against the real retriever, and a short supervised pass on
@@ -160,7 +160,7 @@ def build_key(inputs: dict, files: list[Path]) -> str:
     """A digest of what the task and its warm start are built from: `inputs` (seed, steps, ...), the
     `files` given, the code that builds the tiny model, the task, the retriever's answers and the agent
     loop's contexts (not a shipped warm start's files: a folder with a build record), and the versions of
-    `build_records.LIBRARIES`. Equal digests, equal builds: the main job reuses a cached build under its key."""
+    `build_records.LIBRARIES`. Equal digests, equal builds: the learning demo reuses a cached build under its key."""
     from importlib.metadata import version
 
     import memagent_examples

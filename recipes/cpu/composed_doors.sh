@@ -18,7 +18,7 @@ DATA=${2:?usage: recipes/cpu/composed_doors.sh MODEL_DIR TRAIN_PARQUET [hydra ov
 shift 2
 source "$(dirname "${BASH_SOURCE[0]}")/preamble.sh" composed_doors
 SEED=${SEED:-0}  # the order of the questions and the rollout's sampling
-# verl's processes at TRAINER_THREADS torch threads (2), as the main job's (docs/main_job.md)
+# verl's processes at TRAINER_THREADS torch threads (2), as the learning demo's (docs/learn_codes.md)
 export OMP_NUM_THREADS=${TRAINER_THREADS:-2}
 
 cp "$DATA" "$WORK/train.parquet"

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The main job on a laptop: MemSearcher learns a search task on CPU within minutes (docs/main_job.md).
+# The learning demo: MemSearcher learns a search task on CPU within minutes (docs/learn_codes.md).
 #   recipes/cpu/learn_codes.sh [hydra overrides...]
 # Builds the password task (doors whose passwords only their own passage states, plus the bundled
 # corpus as distractors) and its BM25 index once per set of inputs, cached under
@@ -20,11 +20,11 @@ SEED=${SEED:-0}              # reinforcement learning: the order of the question
 START=${START:-shipped}      # shipped: RL starts from memagent_examples/learn_codes/start; build: from one built here
 BUILD_SEED=${BUILD_SEED:-0}  # START=build: the tiny model, the task and the warm start
 COPY_STEPS=${COPY_STEPS:-800}  # START=build
-WARM_STEPS=${WARM_STEPS:-200}  # START=build; benchmarks/warm_start_sweep.py: where the policy starts to be right (docs/main_job.md)
+WARM_STEPS=${WARM_STEPS:-200}  # START=build; benchmarks/warm_start_sweep.py: where the policy starts to be right (docs/learn_codes.md)
 EVAL_SAMPLES=${EVAL_SAMPLES:-4}
 # One torch thread per process (the scorings and builds run side by side, and torch's threads spin-waiting
 # for each other made a warm-start step several times slower), but TRAINER_THREADS for verl's, whose
-# trainer phases run alone (two were 1.5x faster once the CPU engine's operations were whole: docs/main_job.md).
+# trainer phases run alone (two were 1.5x faster once the CPU engine's operations were whole: docs/learn_codes.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 TRAINER_THREADS=${TRAINER_THREADS:-2}
 AGENT_LOOPS=$HERE/learn_codes_agent_loops.yaml
@@ -62,7 +62,7 @@ BUILD=$CACHE/learn_codes/$KEY
 if [ "$START" = shipped ]; then POLICY=$SHIPPED; else TOKENIZER=$BUILD/model POLICY=$BUILD/model_warm; fi
 mkdir -p "$CACHE/learn_codes"
 exec 9>"$BUILD.lock"
-flock 9  # two main jobs with the same inputs build once
+flock 9  # two runs with the same inputs build once
 if [ -f "$BUILD/complete" ]; then
   phase "$BUILT: reusing $BUILD (built once for these inputs)"
   start_retriever "$BUILD/bm25" "$WORK"

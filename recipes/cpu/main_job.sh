@@ -7,7 +7,7 @@
 # as every composed run (train_on_cpu, recipes/common/launch.sh). The last line printed is one JSON object.
 set -euo pipefail
 source "$(dirname "${BASH_SOURCE[0]}")/preamble.sh" main_job
-# One torch thread per scoring process; verl's at TRAINER_THREADS (composed_doors.sh; docs/main_job.md).
+# One torch thread per scoring process; verl's at TRAINER_THREADS (composed_doors.sh; docs/learn_codes.md).
 export OMP_NUM_THREADS=${OMP_NUM_THREADS:-1}
 # The test split is scored before and after RL: no validation passes while it trains.
 exec python -m memagent_examples.papers_claim.main_job --work "$WORK" --seed "${SEED:-0}" \

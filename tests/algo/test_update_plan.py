@@ -136,7 +136,7 @@ def test_zero_advantage_steps_are_those_with_no_signal_at_any_loss_token():
     assert np.array_equal(split.keeping([0]), [0, 1])
 
 
-def test_the_main_jobs_collapsed_step_would_end_in_a_step_of_padding_alone():
+def test_the_learning_demos_collapsed_step_would_end_in_a_step_of_padding_alone():
     """Issue #24's NaN step: 8 questions x 8 trajectories of one context each plus a few second turns,
     68 rows padded to 96 (4 fixed steps, micro-batches of 8): verl's split leaves step 4 all padding."""
     padding = [False] * 68 + [True] * 28

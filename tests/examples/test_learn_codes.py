@@ -174,7 +174,7 @@ def test_each_shipped_start_has_the_tokenizer_and_config_the_code_builds(tiny_mo
 
 def test_the_agent_loop_builds_the_contexts_the_shipped_start_learned(task):
     """A prompt, template or format change shows the shipped start contexts it was not trained on:
-    then this fails, and the start must be rebuilt and shipped anew (docs/main_job.md)."""
+    then this fails, and the start must be rebuilt and shipped anew (docs/learn_codes.md)."""
     paths, url = task
     record = read_record(SHIPPED)
     doors = [Door(**json.loads(line)) for line in paths["demos"].read_text().splitlines()][
@@ -187,7 +187,7 @@ def test_the_agent_loop_builds_the_contexts_the_shipped_start_learned(task):
 
 
 def test_the_shipped_start_answers_the_task(task, tmp_path):
-    """The main job's starting point, scored as the main job scores it: greedily it answers 10 of
+    """The learning demo's starting point, scored as the demo scores it: greedily it answers 10 of
     the 16 doors (benchmarks/RESULTS.md); a start the agent loop no longer fits answers next to none."""
     paths, url = task
     lengths = yaml.safe_load((REPO / "recipes" / "cpu" / "learn_codes.yaml").read_text())["data"]

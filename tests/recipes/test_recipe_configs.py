@@ -123,7 +123,7 @@ def test_every_recipe_starts_verls_trainer_through_the_launcher():
     assert [p.name for p in TRAINING_SCRIPTS if not launches.search(_commands(p))] == []
 
 
-def test_the_main_jobs_trainer_launch_composes(tmp_path, prepared):
+def test_the_learning_demos_trainer_launch_composes(tmp_path, prepared):
     """What recipes/cpu/learn_codes.sh hands the launcher (train_on_cpu learn_codes, the shipped warm start,
     its agent loops), printed in dry-run mode, composes to the run on CPU at one rank. (check_config is
     not applied: learn_codes.yaml leaves default_agent_loop to verl's, the parquet's agent_name column

@@ -8,7 +8,7 @@ memory: a Python call and an autograd node per token). Only the response's posit
 (`no_padding_2_padding`, workers/utils/padding.py). Here the head runs from the first position any row's
 response needs (the model's `logits_to_keep`), and the log-probabilities and entropies of the response
 positions are taken in one call each, with verl's formulas. Every other position holds 0, which
-nothing reads. On the main job's rows (prompts of 300-450 tokens, responses of 20-200) this is most of
+nothing reads. On the learning demo's rows (prompts of 300-450 tokens, responses of 20-200) this is most of
 the head's work and all of the per-token loop (benchmarks/rl_step.py).
 
 The rows are right-padded, so they go through causal attention with no mask (`prepare_model_inputs`),
@@ -107,7 +107,7 @@ class CPUEngineWithLMHead(transformer_impl.FSDPEngineWithLMHead):
         """verl's, over the rows sorted by length, and the model's outputs put back in the rows' order.
 
         verl cuts a batch into micro-batches in its rows' order and pads each to its longest row: on the
-        main job a quarter of the tokens computed were padding, and the head ran from each micro-batch's
+        learning demo a quarter of the tokens computed were padding, and the head ran from each micro-batch's
         shortest prompt. Sorted, rows alike share a micro-batch. The gradient is the same sum in another
         order (verl normalises the loss by the whole batch's tokens); per-micro-batch metrics such as the
         clip fraction are averaged over other groupings.

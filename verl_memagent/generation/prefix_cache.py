@@ -3,7 +3,7 @@
 An agent's calls repeat most of their prompts: MemSearcher's memory rewrite extends the context its
 action was generated in, every call of every trajectory starts with the same system prompt, and
 ReAct's history grows by one turn a call. Without a cache every call runs the whole prompt through
-the model again; on the main job that was most of the rollout's arithmetic. A finished request
+the model again; on the learning demo that was most of the rollout's arithmetic. A finished request
 leaves its sequence's keys and values here; a new prompt takes those of its longest common prefix
 with any stored sequence. Least recently used entries go first once `max_bytes` is exceeded. Keys and
 values hold only for the weights that computed them: `clear()` when the weights change.
