@@ -59,7 +59,9 @@ def em(model: Path, build: Path, url: str, out: Path, samples: int) -> tuple[flo
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--build", type=Path, required=True, help="a cached build of the learning demo (has task/, bm25/)")
+    parser.add_argument(
+        "--build", type=Path, required=True, help="a cached build of the learning demo (has task/, bm25/)"
+    )
     parser.add_argument("--steps", type=int, default=400, help="demonstration steps of the run")
     parser.add_argument("--every", type=int, default=25, help="checkpoint and score every N steps")
     parser.add_argument("--copy-steps", type=int, default=800)
