@@ -459,8 +459,7 @@ def test_the_async_trainer_at_zero_staleness_makes_the_sync_updates(runs, async_
     _same_records(runs, async_run)
     _same_losses_and_optimizer_steps(runs, async_run)
     # one rank each, the same rows in the same order through the same actor code: the same arithmetic, so
-    # the weights are equal to the last bit, not within a bound (issue #58, item 2). Trained in verl's
-    # listing order, the runs once differed at step 3 in CI (micro-batches of another make-up)
+    # the weights are equal to the last bit, not within a bound (issue #58, item 2)
     for step in (1, 2, 3):
         sync = checkpoint_weights(runs["one"], step, "actor")
         asynchronous = checkpoint_weights(async_run, step, "actor")
