@@ -11,7 +11,14 @@ from hypothesis import strategies as st
 from verl.protocol import DataProto
 from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 
-from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_grpo, rows_off_their_trajectory
+from verl_memagent.algo.config import MultiContextConfig
+from verl_memagent.algo.estimators import (
+    TrajectoryLayout,
+    multi_context_grpo,
+    penalise_broken_turns,
+    rows_off_their_trajectory,
+)
+from verl_memagent.algo.verl_estimators import broken_turn_rows
 
 EPS = 1e-6
 
@@ -207,3 +214,42 @@ def test_rows_off_their_trajectory_finds_advantages_written_to_the_wrong_rows():
     uneven = right.clone()
     uneven[2, 1] = 0.3
     assert rows_off_their_trajectory(layout, uneven, mask).tolist() == [2]
+
+
+def test_a_broken_turn_loses_the_penalty_on_its_own_generated_tokens_only():
+    advantages = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0], [-1.0, -1.0, -1.0]])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1], [1, 1, 1]])
+    broken = torch.tensor([False, True, True])
+    got = penalise_broken_turns(advantages, mask, broken, 0.25)
+    expected = torch.tensor([[0.5, 0.5, 0.0], [-0.25, 0.0, -0.25], [-1.25, -1.25, -1.25]])
+    torch.testing.assert_close(got, expected)
+    assert penalise_broken_turns(advantages, mask, broken, 0.0) is advantages
+    with pytest.raises(ValueError, match="one entry per row"):
+        penalise_broken_turns(advantages, mask, broken[:2], 0.25)
+
+
+def _fields(turn, contexts, finish, penalised=False):
+    return {"turn_index": turn, "num_contexts": contexts, "finish_reason": finish, "penalised": penalised}
+
+
+def test_the_broken_turn_is_the_final_turn_of_a_trajectory_its_output_ended():
+    rows = [
+        _fields(0, 2, "no_action"),  # an earlier turn of a broken trajectory: it did nothing wrong
+        _fields(1, 2, "no_action"),
+        _fields(0, 1, "answer"),
+        _fields(2, 3, "max_turns"),  # out of turns: no one turn's fault
+        _fields(0, 1, "context_limit"),
+        _fields(0, 1, "memory_overflow"),
+        _fields(1, 2, "answer", penalised=True),
+        _fields(0, 1, "bad_format"),  # released action rules: a final turn the released reward gives 0
+        None,  # verl's padding, or another agent loop's output
+        {"turn_index": 0},
+    ]
+    expected = [False, True, False, False, False, True, True, True, False, False]
+    assert broken_turn_rows(rows).tolist() == expected
+
+
+def test_the_broken_turn_penalty_is_checked():
+    assert MultiContextConfig.from_algorithm({"multi_context": {"broken_turn_penalty": 1}}).broken_turn_penalty == 1
+    with pytest.raises(ValueError, match="broken_turn_penalty must be >= 0"):
+        MultiContextConfig.from_algorithm({"multi_context": {"broken_turn_penalty": -0.5}})

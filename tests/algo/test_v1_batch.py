@@ -32,6 +32,9 @@ ROLLOUTS = {
     "u2": [(1.0, [[1, 1], [1]]), (1.0, [[1, 1, 1], [1, 0, 1]]), (1.0, [[1, 1]])],
     "u3": [(0.3, [[1, 1, 0, 1]])],
 }
+# how the trajectories that did not answer ended (the agents' `finish_reason`); the first two broke their format
+FINISHED = {("u1", 1): "no_action", ("u2", 2): "no_memory", ("u1", 2): "max_turns"}
+BROKEN_TURNS = ["u1_1_0", "u2_2_0"]
 
 
 def _config(estimator: str, **algorithm):
@@ -66,7 +69,12 @@ async def _write_rollouts(partition: str):
                     response_ids=[20 + turn] * len(mask),
                     response_mask=mask,
                     metrics=AgentLoopMetrics(),
-                    extra_fields={"trajectory_id": f"traj-{uid}-{session}", "turn_index": turn},
+                    extra_fields={
+                        "trajectory_id": f"traj-{uid}-{session}",
+                        "turn_index": turn,
+                        "num_contexts": len(masks),
+                        "finish_reason": FINISHED.get((uid, session), "answer"),
+                    },
                 )
                 for turn, mask in enumerate(masks)
             ]
@@ -131,6 +139,14 @@ async def test_grpo_through_verls_batch_equals_verls_builtin_and_zeroes_padding(
 
     assert metrics["multi_context/zero_variance_groups"] == pytest.approx(1 / 3)  # u2 of u1, u2, u3 (alone)
 
+    # the turn that broke its trajectory loses the penalty on its own tokens, even in u2's all-equal group
+    metrics = {}
+    options = {"multi_context": {"broken_turn_penalty": 0.25}}
+    _trainer(MultiContextTrainerSync, _config("multi_context_grpo", **options))._compute_advantage(batch, metrics)
+    broken = torch.tensor([key in BROKEN_TURNS for key in batch.keys])
+    torch.testing.assert_close(_advantages(batch), ours - 0.25 * broken.unsqueeze(-1) * mask)
+    assert metrics["multi_context/broken_turns"] == 2
+
     options = {"multi_context": {"weight_trajectories": True}}
     metrics = {}
     _trainer(MultiContextTrainerSync, _config("multi_context_grpo", **options))._compute_advantage(batch, metrics)
@@ -175,6 +191,16 @@ async def test_gae_through_verls_batch_chains_each_trajectorys_turns_with_in_rew
     )
     check(kl_coef=0.0)
     assert metrics["multi_context/trajectories"] == 7
+    plain = _advantages(batch)
+
+    # the broken turns' advantages lose the penalty; the critic's targets (returns) do not change
+    options = {"multi_context": {"broken_turn_penalty": 0.5}}
+    _trainer(MultiContextTrainerSync, _config("multi_context_gae", gamma=0.9, lam=0.95, **options))._compute_advantage(
+        batch, {}
+    )
+    check(kl_coef=0.0)
+    broken = torch.tensor([key in BROKEN_TURNS for key in batch.keys])
+    torch.testing.assert_close(_advantages(batch), plain - 0.5 * broken.unsqueeze(-1) * mask)
 
     config = _config("multi_context_gae", gamma=0.9, lam=0.95, use_kl_in_reward=True)
     trainer = _trainer(MultiContextTrainerSync, config)

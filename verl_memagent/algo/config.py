@@ -27,6 +27,10 @@ class MultiContextConfig:
     on_nonfinite: str = "stop"
     #: do not take an actor optimizer step whose advantages are all zero (nothing to learn from)
     skip_zero_advantage_steps: bool = False
+    #: subtracted from the advantage of the turn that broke a trajectory's format (malformed output, a
+    #: missing memory or state, a penalised overflow), on that turn's tokens alone; 0 (the released
+    #: trajectory-level credit): the turn shares its trajectory's advantage as every other turn
+    broken_turn_penalty: float = 0.0
 
     @classmethod
     def from_algorithm(cls, algorithm) -> MultiContextConfig:
@@ -34,5 +38,10 @@ class MultiContextConfig:
         config = typed_section("algorithm.multi_context", (algorithm or {}).get("multi_context", None) or {}, cls)
         if not 0.0 < config.turn_discount <= 1.0:
             raise ValueError(f"algorithm.multi_context.turn_discount must be in (0, 1], got {config.turn_discount}")
+        if not config.broken_turn_penalty >= 0.0:
+            raise ValueError(
+                f"algorithm.multi_context.broken_turn_penalty must be >= 0 (it is subtracted), got "
+                f"{config.broken_turn_penalty}"
+            )
         require_choice("algorithm.multi_context.on_nonfinite", config.on_nonfinite, ON_NONFINITE)
         return config

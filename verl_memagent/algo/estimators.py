@@ -208,6 +208,21 @@ def grpo_row_advantages(
     return per_row, metrics
 
 
+def penalise_broken_turns(
+    advantages: torch.Tensor, response_mask: torch.Tensor, broken: torch.Tensor, penalty: float
+) -> torch.Tensor:
+    """`advantages` with `penalty` subtracted on the generated tokens of the rows in `broken` (bool,
+    (rows,)): step-level credit for the one turn that broke its trajectory, on top of the trajectory's
+    advantage. Where a whole group broke, its rewards are all equal and trajectory-level GRPO gives no
+    signal at all; this still tells the policy which turn did it (docs/estimators.md)."""
+    if broken.shape != advantages.shape[:1]:
+        raise ValueError(f"broken must have one entry per row: {tuple(broken.shape)} for {advantages.shape[0]} rows")
+    if penalty == 0.0 or not broken.any():
+        return advantages
+    shift = response_mask.to(advantages.dtype) * (penalty * broken.to(advantages.dtype)).unsqueeze(-1)
+    return advantages - shift
+
+
 def rows_off_their_trajectory(layout: TrajectoryLayout, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Valid rows whose generated tokens do not all carry one advantage shared by every row of their
     trajectory, as `multi_context_grpo` without `turn_discount` gives them; their indices, ascending.

@@ -40,7 +40,7 @@ from verl_memagent.algo.resume import ResumeMixin
 from verl_memagent.algo.source_metrics import source_metrics
 from verl_memagent.algo.trajectory_records import TrajectoryRecorder
 from verl_memagent.algo.update_steps import UpdateStepsMixin
-from verl_memagent.algo.verl_estimators import TrajectoryBatch, providing
+from verl_memagent.algo.verl_estimators import TrajectoryBatch, broken_turn_rows, providing
 from verl_memagent.cpu import check_checkpoint_engine
 from verl_memagent.output_fields import OutputField
 
@@ -169,9 +169,11 @@ class MultiContextTrainerMixin(UpdateStepsMixin):
         gae = self.config.algorithm.adv_estimator == GAE
         fields = ["extra_fields", *(["values", "rm_scores"] if gae else [])]
         data = tq.kv_batch_get(keys=batch.keys, partition_id=batch.partition_id, select_fields=fields)
-        if "extra_fields" in data.keys():
-            check_agent_ids(layout, list(data["extra_fields"]))
         trajectories = TrajectoryBatch(layout, self.multi_context)
+        if "extra_fields" in data.keys():
+            extra_fields = list(data["extra_fields"])
+            check_agent_ids(layout, extra_fields)
+            trajectories.broken_turns = broken_turn_rows(extra_fields) & layout.valid
         if gae and "values" in data.keys():
             padded = data.select("values", "rm_scores").to_padded_tensor()
             trajectories.values, trajectories.token_level_scores = padded["values"], padded["rm_scores"]

@@ -10,16 +10,21 @@ in it. Called from any other trainer they fail with a message naming the trainer
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from contextvars import ContextVar
 from dataclasses import dataclass, field
 
 import torch
 
+from verl_memagent.algo.agent_metrics import finish_group
 from verl_memagent.algo.config import GAE, GRPO, TRAINERS, MultiContextConfig
-from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_grpo
+from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_grpo, penalise_broken_turns
 from verl_memagent.algo.gae import multi_context_gae
+from verl_memagent.output_fields import OutputField
+
+#: finish groups (`agent_metrics.FINISHES`) that one turn's output caused: that turn ended the trajectory
+BROKEN_FINISHES = ("format_broken", "penalised")
 
 
 @dataclass
@@ -31,6 +36,34 @@ class TrajectoryBatch:
     values: torch.Tensor | None = None  # critic values, padded as verl pads the batch (GAE)
     token_level_scores: torch.Tensor | None = None  # the reward before in-reward KL, padded likewise (GAE)
     metrics: dict[str, float] = field(default_factory=dict)  # filled by the estimator
+    broken_turns: torch.Tensor | None = None  # (rows,) bool: the turn that broke its trajectory (`broken_turn_rows`)
+
+    def penalise(self, advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
+        """`advantages` less `broken_turn_penalty` on the broken turns' tokens (unchanged at 0)."""
+        if self.options.broken_turn_penalty == 0.0:
+            return advantages
+        if self.broken_turns is None:
+            raise ValueError(
+                "algorithm.multi_context.broken_turn_penalty needs the agent loops' extra_fields "
+                "(finish_reason, turn_index, num_contexts) in the batch: use the verl_memagent agent loops"
+            )
+        self.metrics["multi_context/broken_turns"] = float(self.broken_turns.sum())
+        return penalise_broken_turns(advantages, response_mask, self.broken_turns, self.options.broken_turn_penalty)
+
+
+def broken_turn_rows(extra_fields: Sequence[Mapping | None]) -> torch.Tensor:
+    """Each row: is it the final turn of a trajectory that ended on malformed output or a penalty
+    (`BROKEN_FINISHES`)? Under every action rule that final turn is the one whose output broke it.
+    Rows without the agents' fields (padding, other agent loops) are False."""
+
+    def broke(fields_: Mapping | None) -> bool:
+        if not isinstance(fields_, Mapping) or OutputField.FINISH_REASON not in fields_:
+            return False
+        final = fields_[OutputField.TURN_INDEX] == fields_[OutputField.NUM_CONTEXTS] - 1
+        group = finish_group(fields_[OutputField.FINISH_REASON], bool(fields_.get(OutputField.PENALISED, False)))
+        return final and group in BROKEN_FINISHES
+
+    return torch.tensor([broke(f) for f in extra_fields], dtype=torch.bool)
 
 
 _CURRENT: ContextVar[TrajectoryBatch | None] = ContextVar("multi_context_batch", default=None)
@@ -71,7 +104,8 @@ def grpo_estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tenso
         turn_discount=batch.options.turn_discount,
     )
     batch.metrics.update(result.metrics)
-    return result.advantages, result.returns
+    advantages = batch.penalise(result.advantages, response_mask)
+    return advantages, advantages  # verl's GRPO: returns are the advantages
 
 
 def gae_estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor, config=None, **_: object):
@@ -91,4 +125,4 @@ def gae_estimator(token_level_rewards: torch.Tensor, response_mask: torch.Tensor
         lam=float(config.get("lam", 1.0)),
     )
     batch.metrics.update(result.metrics)
-    return result.advantages, result.returns
+    return batch.penalise(result.advantages, response_mask), result.returns
