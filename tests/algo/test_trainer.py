@@ -353,6 +353,16 @@ def test_steps_with_nothing_to_learn_are_skipped_when_asked(transfer_queue):
     assert metrics["multi_context/actor_steps"] == 0
 
 
+def test_rows_of_one_trajectory_must_carry_one_advantage_unless_a_turn_is_penalised(transfer_queue):
+    # u0's second turn broke the trajectory: with the penalty its advantage is the trajectory's less it
+    keys, masks, advantages = ["u0_0_0", "u0_0_1", "u1_0_0", "u1_0_1"], [[1, 1]] * 4, [0.5, 0.25, -0.5, -0.5]
+    with pytest.raises(ValueError, match=r"2 rows do not carry their trajectory's advantage \(u0_0_0, u0_0_1\)"):
+        _trainer()._update_actor(put_rows("one_advantage", keys, masks, advantages), metrics={})
+    penalised = _trainer("+algorithm.multi_context.broken_turn_penalty=0.25")
+    penalised._update_actor(put_rows("penalised_turn", keys, masks, advantages), metrics={})
+    assert sorted(k for step in penalised.actor_rollout_wg.keys for k in step) == sorted(keys)
+
+
 def test_a_nonfinite_loss_reported_by_the_workers_stops_the_run(transfer_queue, caplog):
     trainer = _trainer(losses=[0.1, float("nan")])
     with pytest.raises(NonFiniteUpdateError) as error:

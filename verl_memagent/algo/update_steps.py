@@ -60,8 +60,14 @@ class UpdateStepsMixin:
         return MultiContextConfig.from_algorithm(self.config.algorithm)
 
     def _advantages_per_trajectory(self) -> bool:
-        """One advantage per trajectory on all its rows: ours GRPO without a turn discount."""
-        return self.config.algorithm.adv_estimator == GRPO and self.multi_context.turn_discount == 1.0
+        """One advantage per trajectory on all its rows: ours GRPO without a turn discount or a broken-turn
+        penalty (either gives turns of one trajectory different advantages, by design)."""
+        options = self.multi_context
+        return (
+            self.config.algorithm.adv_estimator == GRPO
+            and options.turn_discount == 1.0
+            and options.broken_turn_penalty == 0.0
+        )
 
     def _optimizer_steps(self, section: DictConfig) -> int:
         """Mini-batches per update: the prompts of one local step over the configured mini-batch."""
