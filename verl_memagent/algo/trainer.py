@@ -173,7 +173,8 @@ class MultiContextTrainerMixin(UpdateStepsMixin):
         if "extra_fields" in data.keys():
             extra_fields = list(data["extra_fields"])
             check_agent_ids(layout, extra_fields)
-            trajectories.broken_turns = broken_turn_rows(extra_fields) & layout.valid
+            if self.multi_context.broken_turn_penalty:
+                trajectories.broken_turns = broken_turn_rows(extra_fields) & layout.valid
         if gae and "values" in data.keys():
             padded = data.select("values", "rm_scores").to_padded_tensor()
             trajectories.values, trajectories.token_level_scores = padded["values"], padded["rm_scores"]
