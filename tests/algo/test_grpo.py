@@ -14,9 +14,10 @@ from verl.trainer.ppo.v1.utils import compute_advantage_for_multi_trajectories
 from verl_memagent.algo.config import MultiContextConfig
 from verl_memagent.algo.estimators import (
     TrajectoryLayout,
+    broken_turn_shift,
     multi_context_grpo,
-    penalise_broken_turns,
     rows_off_their_trajectory,
+    shift_advantages,
 )
 from verl_memagent.algo.verl_estimators import broken_turn_rows
 
@@ -217,15 +218,35 @@ def test_rows_off_their_trajectory_finds_advantages_written_to_the_wrong_rows():
 
 
 def test_a_broken_turn_loses_the_penalty_on_its_own_generated_tokens_only():
-    advantages = torch.tensor([[0.5, 0.5, 0.0], [0.0, 0.0, 0.0], [-1.0, -1.0, -1.0]])
-    mask = torch.tensor([[1, 1, 0], [1, 0, 1], [1, 1, 1]])
-    broken = torch.tensor([False, True, True])
-    got = penalise_broken_turns(advantages, mask, broken, 0.25)
-    expected = torch.tensor([[0.5, 0.5, 0.0], [-0.25, 0.0, -0.25], [-1.25, -1.25, -1.25]])
-    torch.testing.assert_close(got, expected)
-    assert penalise_broken_turns(advantages, mask, broken, 0.0) is advantages
+    # group a: a_0 broke at its turn 1, a_1 answered in one turn; b_0 broke at once; one padding row
+    keys = ["a_0_0", "a_0_1", "a_1_0", "b_0_0", "pad_0_0"]
+    layout = TrajectoryLayout.from_keys(keys, [False, False, False, False, True])
+    broken = torch.tensor([False, True, False, True, True])
+    shift = broken_turn_shift(layout, broken, 0.25)
+    torch.testing.assert_close(shift, torch.tensor([0.0, -0.25, 0.0, -0.25, 0.0]))
+    advantages = torch.tensor([[0.5, 0.5, 0.0], [0.5, 0.5, 0.5], [-1.0, -1.0, -1.0], [0.0, 0.0, 0.0], [0.0] * 3])
+    mask = torch.tensor([[1, 1, 0], [1, 0, 1], [1, 1, 1], [1, 1, 1], [0, 0, 0]])
+    expected = torch.tensor([[0.5, 0.5, 0.0], [0.25, 0.5, 0.25], [-1.0, -1.0, -1.0], [-0.25] * 3, [0.0] * 3])
+    torch.testing.assert_close(shift_advantages(advantages, mask, shift), expected)
     with pytest.raises(ValueError, match="one entry per row"):
-        penalise_broken_turns(advantages, mask, broken[:2], 0.25)
+        broken_turn_shift(layout, broken[:2], 0.25)
+
+
+def test_with_the_baseline_each_turn_is_compared_with_its_groups_turns_at_the_same_depth():
+    # group a, 4 trajectories: at depth 0 one of four broke (a_3), at depth 1 one of two (a_1), at depth 2
+    # a_0 is alone; group b: both broke at depth 0 (all alike: no signal); c_0 alone
+    keys = ["a_0_0", "a_0_1", "a_0_2", "a_1_0", "a_1_1", "a_2_0", "a_3_0", "b_0_0", "b_1_0", "c_0_0"]
+    broken = torch.tensor([False, False, False, False, True, False, True, True, True, True])
+    layout = TrajectoryLayout.from_keys(keys, [False] * len(keys))
+    shift = broken_turn_shift(layout, broken, 0.5, baseline=True)
+    eps = 1e-6
+    # depth 0 of a: b = 0, 0, 0, 1: mean 1/4, unbiased std 1/2; depth 1 of a: b = 0, 1: mean 1/2, std sqrt(1/2)
+    well, bad = -0.5 * (0 - 0.25) / (0.5 + eps), -0.5 * (1 - 0.25) / (0.5 + eps)
+    std1 = math.sqrt(0.5)
+    pair_well, pair_bad = -0.5 * (0 - 0.5) / (std1 + eps), -0.5 * (1 - 0.5) / (std1 + eps)
+    expected = [well, pair_well, 0.0, well, pair_bad, well, bad, 0.0, 0.0, 0.0]
+    torch.testing.assert_close(shift, torch.tensor(expected))
+    assert shift[:7].sum().item() == pytest.approx(0.0, abs=1e-6)  # each depth's credit sums to zero
 
 
 def _fields(turn, contexts, finish, penalised=False):
@@ -251,5 +272,7 @@ def test_the_broken_turn_is_the_final_turn_of_a_trajectory_its_output_ended():
 
 def test_the_broken_turn_penalty_is_checked():
     assert MultiContextConfig.from_algorithm({"multi_context": {"broken_turn_penalty": 1}}).broken_turn_penalty == 1
+    with pytest.raises(ValueError, match="broken_turn_baseline: expected"):
+        MultiContextConfig.from_algorithm({"multi_context": {"broken_turn_baseline": "yes"}})
     with pytest.raises(ValueError, match="broken_turn_penalty must be >= 0"):
         MultiContextConfig.from_algorithm({"multi_context": {"broken_turn_penalty": -0.5}})

@@ -146,6 +146,18 @@ async def test_grpo_through_verls_batch_equals_verls_builtin_and_zeroes_padding(
     broken = torch.tensor([key in BROKEN_TURNS for key in batch.keys])
     torch.testing.assert_close(_advantages(batch), ours - 0.25 * broken.unsqueeze(-1) * mask)
     assert metrics["multi_context/broken_turns"] == 2
+    # with the baseline, u2's first turns (two well-formed, one broken) are compared: the well-formed gain
+    options = {"multi_context": {"broken_turn_penalty": 0.25, "broken_turn_baseline": True}}
+    _trainer(MultiContextTrainerSync, _config("multi_context_grpo", **options))._compute_advantage(batch, {})
+    baseline = _advantages(batch)
+    for i, key in enumerate(batch.keys):
+        gain = (baseline[i] - ours[i])[mask[i].bool()]
+        if key in ("u2_0_0", "u2_1_0"):
+            assert gain.min() > 0
+        elif key == "u2_2_0":
+            assert gain.max() < 0
+        elif key.startswith(("u2_", "u3_")):
+            assert gain.abs().max() == 0
 
     options = {"multi_context": {"weight_trajectories": True}}
     metrics = {}

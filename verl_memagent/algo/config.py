@@ -31,6 +31,9 @@ class MultiContextConfig:
     #: missing memory or state, a penalised overflow), on that turn's tokens alone; 0 (the released
     #: trajectory-level credit): the turn shares its trajectory's advantage as every other turn
     broken_turn_penalty: float = 0.0
+    #: with the penalty: compare each turn with its prompt group's turns at the same depth, GRPO's way, so a
+    #: well-formed turn where its siblings broke gains (`estimators.broken_turn_shift`)
+    broken_turn_baseline: bool = False
 
     @classmethod
     def from_algorithm(cls, algorithm) -> MultiContextConfig:

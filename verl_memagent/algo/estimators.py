@@ -208,19 +208,44 @@ def grpo_row_advantages(
     return per_row, metrics
 
 
-def penalise_broken_turns(
-    advantages: torch.Tensor, response_mask: torch.Tensor, broken: torch.Tensor, penalty: float
+def broken_turn_shift(
+    layout: TrajectoryLayout, broken: torch.Tensor, penalty: float, baseline: bool = False, epsilon: float = 1e-6
 ) -> torch.Tensor:
-    """`advantages` with `penalty` subtracted on the generated tokens of the rows in `broken` (bool,
-    (rows,)): step-level credit for the one turn that broke its trajectory, on top of the trajectory's
-    advantage. Where a whole group broke, its rewards are all equal and trajectory-level GRPO gives no
-    signal at all; this still tells the policy which turn did it (docs/estimators.md)."""
-    if broken.shape != advantages.shape[:1]:
-        raise ValueError(f"broken must have one entry per row: {tuple(broken.shape)} for {advantages.shape[0]} rows")
-    if penalty == 0.0 or not broken.any():
-        return advantages
-    shift = response_mask.to(advantages.dtype) * (penalty * broken.to(advantages.dtype)).unsqueeze(-1)
-    return advantages - shift
+    """What each row's advantage moves by (rows,): step-level credit for the turn that broke its trajectory
+    (`broken`, bool per row), on top of the trajectory's advantage. Where a whole group broke, its rewards
+    are all equal and trajectory-level GRPO gives no signal at all; the turn that broke is still known.
+
+    - `baseline` off: -`penalty` on the broken turns, 0 elsewhere.
+    - `baseline` on: each turn is compared with its group's turns at the same depth (turn index), GRPO's
+      way: with b = 1 for a broken turn and 0 for a well-formed one, -`penalty` (b - mean) / (std +
+      epsilon) over that depth's turns (unbiased std; 0 where they all broke, or none did, or one turn is
+      alone there). A well-formed turn where its siblings broke gains, so the update also says what to
+      write where the policy breaks, not only what not to.
+    Padding rows get 0."""
+    if broken.shape != layout.valid.shape:
+        raise ValueError(f"broken must have one entry per row: {tuple(broken.shape)} for {layout.valid.numel()} rows")
+    bad = (broken & layout.valid).to(torch.float64)
+    if not baseline:
+        return (-penalty * bad).float()
+    group = torch.cat([layout.group, layout.group.new_full((1,), -1)])[layout.trajectory]
+    depth = layout.turn.max().item() + 1 if layout.turn.numel() else 1
+    cell = torch.where(layout.valid, group * depth + layout.turn, 0)
+    _, cell = torch.unique(cell, return_inverse=True)
+    cells = int(cell.max()) + 1 if cell.numel() else 0
+    weight = layout.valid.to(torch.float64)
+    count = torch.zeros(cells, dtype=torch.float64).index_add_(0, cell, weight)
+    mean = torch.zeros(cells, dtype=torch.float64).index_add_(0, cell, bad) / count.clamp(min=1)
+    centred = (bad - mean[cell]) * weight
+    var = torch.zeros(cells, dtype=torch.float64).index_add_(0, cell, centred.square()) / (count - 1).clamp(min=1)
+    std = var.sqrt()
+    signal = (count > 1) & (std > 0)
+    shift = torch.where(signal[cell], -penalty * centred / (std[cell] + epsilon), torch.zeros_like(centred))
+    return (shift * weight).float()
+
+
+def shift_advantages(advantages: torch.Tensor, response_mask: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
+    """`advantages` with each row's `shift` (rows,) added on its generated tokens."""
+    return advantages + response_mask.to(advantages.dtype) * shift.to(advantages.dtype).unsqueeze(-1)
 
 
 def rows_off_their_trajectory(layout: TrajectoryLayout, advantages: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:

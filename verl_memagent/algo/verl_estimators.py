@@ -19,7 +19,7 @@ import torch
 
 from verl_memagent.algo.agent_metrics import finish_group
 from verl_memagent.algo.config import GAE, GRPO, TRAINERS, MultiContextConfig
-from verl_memagent.algo.estimators import TrajectoryLayout, multi_context_grpo, penalise_broken_turns
+from verl_memagent.algo.estimators import TrajectoryLayout, broken_turn_shift, multi_context_grpo, shift_advantages
 from verl_memagent.algo.gae import multi_context_gae
 from verl_memagent.output_fields import OutputField
 
@@ -39,8 +39,9 @@ class TrajectoryBatch:
     broken_turns: torch.Tensor | None = None  # (rows,) bool: the turn that broke its trajectory (`broken_turn_rows`)
 
     def penalise(self, advantages: torch.Tensor, response_mask: torch.Tensor) -> torch.Tensor:
-        """`advantages` less `broken_turn_penalty` on the broken turns' tokens (unchanged at 0)."""
-        if self.options.broken_turn_penalty == 0.0:
+        """`advantages` with the broken turns' step-level credit (`broken_turn_shift`); unchanged at penalty 0."""
+        options = self.options
+        if options.broken_turn_penalty == 0.0:
             return advantages
         if self.broken_turns is None:
             raise ValueError(
@@ -48,7 +49,10 @@ class TrajectoryBatch:
                 "(finish_reason, turn_index, num_contexts) in the batch: use the verl_memagent agent loops"
             )
         self.metrics["multi_context/broken_turns"] = float(self.broken_turns.sum())
-        return penalise_broken_turns(advantages, response_mask, self.broken_turns, self.options.broken_turn_penalty)
+        shift = broken_turn_shift(
+            self.layout, self.broken_turns, options.broken_turn_penalty, options.broken_turn_baseline
+        )
+        return shift_advantages(advantages, response_mask, shift)
 
 
 def broken_turn_rows(extra_fields: Sequence[Mapping | None]) -> torch.Tensor:
