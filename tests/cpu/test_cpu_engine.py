@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import pytest
 import torch
-from hypothesis import given, settings
+from hypothesis import example, given, settings
 from hypothesis import strategies as st
 from tensordict import TensorDict
 from transformers import AutoModelForCausalLM
@@ -85,6 +85,7 @@ def run(cls, model, data):
 
 
 @settings(max_examples=12, deadline=None)
+@example(rows=[(1, 1)], temperature=1.0)  # no gradient on the queries and keys (below)
 @given(
     rows=st.lists(st.tuples(st.integers(1, 40), st.integers(1, 24)), min_size=1, max_size=5),
     temperature=st.sampled_from([1.0, 0.7]),
@@ -99,8 +100,13 @@ def test_same_numbers_as_verl(model, rows, temperature):
     # here, so a few float32 ulps of 10: 4 x 1.2e-7 x 10.
     torch.testing.assert_close(ours_lp[mask], verl_lp[mask], rtol=0, atol=4 * torch.finfo(torch.float32).eps * 10)
     torch.testing.assert_close(ours_ent[mask], verl_ent[mask], rtol=0, atol=4 * torch.finfo(torch.float32).eps * 10)
-    for name, grad in verl_grads.items():  # sums of the same terms in another order: relative 1e-5 of the norm
-        assert (ours_grads[name] - grad).norm() <= 1e-5 * grad.norm(), name
+    # sums of the same terms in another order: relative 1e-5 of each tensor's norm, or of a thousandth of the
+    # whole gradient's where the tensor's is that small: with rows of one prompt token the query and key
+    # weights get no gradient at all (a position that attends to itself alone), and float noise of 1e-9
+    # compared with float noise fails (hypothesis found rows=[(1, 1)]: 1.5e-8 against 2.4e-8, total 15.7)
+    total = torch.sqrt(sum(grad.norm() ** 2 for grad in verl_grads.values()))
+    for name, grad in verl_grads.items():
+        assert (ours_grads[name] - grad).norm() <= 1e-5 * max(grad.norm(), 1e-3 * total), name
     # the head ran from the shortest prompt's last position on, not over every position, and the
     # right-padded rows went through causal attention with no mask
     assert inputs["logits_to_keep"] == max(p + r for p, r in rows) - min(p for p, _ in rows) + 1
