@@ -272,6 +272,8 @@ def test_the_broken_turn_is_the_final_turn_of_a_trajectory_its_output_ended():
 
 def test_the_broken_turn_penalty_is_checked():
     assert MultiContextConfig.from_algorithm({"multi_context": {"broken_turn_penalty": 1}}).broken_turn_penalty == 1
+    with pytest.raises(ValueError, match="set algorithm.multi_context.broken_turn_penalty > 0 too"):
+        MultiContextConfig.from_algorithm({"multi_context": {"broken_turn_baseline": True}})
     with pytest.raises(ValueError, match="broken_turn_baseline: expected"):
         MultiContextConfig.from_algorithm({"multi_context": {"broken_turn_baseline": "yes"}})
     with pytest.raises(ValueError, match="broken_turn_penalty must be >= 0"):

@@ -46,5 +46,10 @@ class MultiContextConfig:
                 f"algorithm.multi_context.broken_turn_penalty must be >= 0 (it is subtracted), got "
                 f"{config.broken_turn_penalty}"
             )
+        if config.broken_turn_baseline and not config.broken_turn_penalty:
+            raise ValueError(
+                "algorithm.multi_context.broken_turn_baseline compares broken turns at the penalty's scale: set "
+                "algorithm.multi_context.broken_turn_penalty > 0 too"
+            )
         require_choice("algorithm.multi_context.on_nonfinite", config.on_nonfinite, ON_NONFINITE)
         return config
