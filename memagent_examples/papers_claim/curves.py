@@ -7,7 +7,9 @@ rewards and `val-aux/<set>_k<k>/...` EM per objective, finish shares, exact memo
 greedy, every `trainer.test_freq` steps), the KL to the reference and the policy's movement
 (`actor/kl_loss`, `actor/ppo_kl`, `actor/grad_norm`, `actor/lr`), the pooled score, the agents' finish
 shares (`agent/finish/...`: answered, out of turns or tokens, a broken answer or tool call), memory
-retention, and the step's and validation's seconds. One JSON line a step, `{"step": n, ...}`.
+retention, the multi-context estimator's counts (`multi_context/...`: groups whose rewards are all alike,
+turns penalised as broken, actor steps taken and skipped), and the step's and validation's seconds. One
+JSON line a step, `{"step": n, ...}`.
 """
 
 from __future__ import annotations
@@ -17,7 +19,8 @@ from pathlib import Path
 
 #: prefixes of the metrics a curve keeps
 KEPT = ("train/", "val-core/", "actor/kl_loss", "actor/ppo_kl", "actor/grad_norm", "actor/lr", "critic/score/mean")
-KEPT += ("agent/finish/", "agent/searches/mean", "agent/memory_retention", "timing_s/step", "timing_s/testing")
+KEPT += ("agent/finish/", "agent/searches/mean", "agent/memory_retention", "multi_context/", "timing_s/step")
+KEPT += ("timing_s/testing",)
 #: of the validation's own figures per dev source, the ones a curve keeps: EM per objective, finishes, retention
 VALIDATION = ("/em_fraction/mean@1", "/agent/finish/", "/agent/memory_retention_exact/mean", "/agent/searches/mean")
 

@@ -28,6 +28,8 @@ def test_a_curve_keeps_rewards_per_k_validation_per_dev_source_and_kl(tmp_path):
                 "agent/finish/format_broken": 0.25,
                 "agent/memory_retention_exact/mean": 0.8,
                 "agent/memory_retention_exact/turn_2": 0.7,
+                "multi_context/zero_variance_groups": 3,
+                "multi_context/broken_turns": 2,
                 "timing_s/step": 30.0,
                 "timing_s/gen": 9.0,
             },
@@ -44,6 +46,8 @@ def test_a_curve_keeps_rewards_per_k_validation_per_dev_source_and_kl(tmp_path):
             "actor/kl_loss": 0.002,
             "agent/finish/format_broken": 0.25,
             "agent/memory_retention_exact/mean": 0.8,
+            "multi_context/zero_variance_groups": 3,
+            "multi_context/broken_turns": 2,
             "timing_s/step": 30.0,
         },
     ]
