@@ -145,6 +145,15 @@ def multi_context_grpo(
     return Advantages(advantages=advantages, returns=advantages, metrics=metrics)
 
 
+def group_stats(values: torch.Tensor, group: torch.Tensor, num_groups: int) -> tuple[torch.Tensor, ...]:
+    """Per group of `values` (group index per value): count, mean and unbiased std (0 for a group of one)."""
+    count = torch.bincount(group, minlength=num_groups).to(values.dtype)
+    mean = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, group, values) / count
+    centred = values - mean[group]
+    sq = torch.zeros(num_groups, dtype=values.dtype).index_add_(0, group, centred.square())
+    return count, mean, (sq / (count - 1).clamp(min=1)).sqrt()
+
+
 def grpo_row_advantages(
     token_level_rewards: torch.Tensor,
     layout: TrajectoryLayout,
@@ -176,11 +185,7 @@ def grpo_row_advantages(
     check_finite("multi_context_grpo", reward, "trajectory rewards")
 
     group = layout.group
-    count = torch.bincount(group, minlength=num_groups).to(reward.dtype)
-    mean = torch.zeros(num_groups, dtype=reward.dtype).index_add_(0, group, reward) / count
-    centred = reward - mean[group]
-    sq = torch.zeros(num_groups, dtype=reward.dtype).index_add_(0, group, centred.square())
-    std = (sq / (count - 1).clamp(min=1)).sqrt()
+    count, mean, std = group_stats(reward, group, num_groups)
     single = count == 1
     mean = torch.where(single, torch.zeros_like(mean), mean)
     std = torch.where(single, torch.ones_like(std), std)
@@ -227,20 +232,16 @@ def broken_turn_shift(
     bad = (broken & layout.valid).to(torch.float64)
     if not baseline:
         return (-penalty * bad).float()
-    group = torch.cat([layout.group, layout.group.new_full((1,), -1)])[layout.trajectory]
+    valid = layout.valid
+    group = torch.cat([layout.group, layout.group.new_full((1,), -1)])[layout.trajectory[valid]]
     depth = layout.turn.max().item() + 1 if layout.turn.numel() else 1
-    cell = torch.where(layout.valid, group * depth + layout.turn, 0)
-    _, cell = torch.unique(cell, return_inverse=True)
-    cells = int(cell.max()) + 1 if cell.numel() else 0
-    weight = layout.valid.to(torch.float64)
-    count = torch.zeros(cells, dtype=torch.float64).index_add_(0, cell, weight)
-    mean = torch.zeros(cells, dtype=torch.float64).index_add_(0, cell, bad) / count.clamp(min=1)
-    centred = (bad - mean[cell]) * weight
-    var = torch.zeros(cells, dtype=torch.float64).index_add_(0, cell, centred.square()) / (count - 1).clamp(min=1)
-    std = var.sqrt()
-    signal = (count > 1) & (std > 0)
-    shift = torch.where(signal[cell], -penalty * centred / (std[cell] + epsilon), torch.zeros_like(centred))
-    return (shift * weight).float()
+    _, cell = torch.unique(group * depth + layout.turn[valid], return_inverse=True)
+    count, mean, std = group_stats(bad[valid], cell, int(cell.max()) + 1 if cell.numel() else 0)
+    signal = ((count > 1) & (std > 0))[cell]
+    centred = bad[valid] - mean[cell]
+    shift = torch.zeros_like(bad)
+    shift[valid] = torch.where(signal, -penalty * centred / (std[cell] + epsilon), torch.zeros_like(centred))
+    return shift.float()
 
 
 def shift_advantages(advantages: torch.Tensor, response_mask: torch.Tensor, shift: torch.Tensor) -> torch.Tensor:
