@@ -141,6 +141,14 @@ def checkpoint_weights(run: Path, step: int, role: str) -> dict:
     return model_weights(run / "checkpoints" / f"global_step_{step}" / role / "huggingface")
 
 
+def checkpoint_optimizer_state(run: Path, step: int, role: str = "actor") -> dict:
+    """A one-rank run's `role` optimizer state after `step` (its moments FSDP2's DTensors, whole at one rank)."""
+    import torch
+
+    path = run / "checkpoints" / f"global_step_{step}" / role / "optim_world_size_1_rank_0.pt"
+    return torch.load(path, weights_only=False)
+
+
 def change_excess(one: dict, two: dict, base_one: dict, base_two: dict) -> tuple[float, float]:
     """(largest change of run one, largest excess of |change two - change one| over two float32 roundings)."""
     import torch

@@ -40,12 +40,12 @@ import pytest
 import torch
 from gpu_recipes import (
     change_excess,
+    checkpoint_optimizer_state,
     checkpoint_weights,
     finish,
     kill_run,
     launch,
     metrics,
-    model_weights,
     prepare_data,
     recipe_env,
     scripted_loops,
@@ -147,8 +147,9 @@ def run(request, tmp_path_factory, tiny_model_dir, retriever_url, data_dir) -> d
         "steps": [line["step"] for line in metrics(work)],
         "records": {path.name: path.read_bytes() for path in trajectories.glob("step_*.jsonl")},
     }
-    unbroken = root / f"unbroken_step_{UNBROKEN_UNTIL}"
-    (checkpoints / f"global_step_{UNBROKEN_UNTIL}").rename(unbroken)
+    unbroken = root / "unbroken"  # a run folder holding the uninterrupted step's checkpoint alone
+    (unbroken / "checkpoints").mkdir(parents=True)
+    (checkpoints / f"global_step_{UNBROKEN_UNTIL}").rename(unbroken / "checkpoints" / f"global_step_{UNBROKEN_UNTIL}")
     (checkpoints / "latest_checkpointed_iteration.txt").write_text(str(KILLED_AFTER))
     control = root / "without_optimizer_state"
     shutil.copytree(
@@ -264,18 +265,10 @@ def test_the_first_step_after_the_resume_counts_what_was_in_flight(run):
     assert f"Re-issued {QUESTIONS} in-flight prompts for step {KILLED_AFTER + 1}" in log  # verl's own account
 
 
-def _actor_weights(checkpoint: Path) -> dict:
-    return model_weights(checkpoint / "actor" / "huggingface")
-
-
-def _optimizer_state(checkpoint: Path) -> dict:
-    return torch.load(checkpoint / "actor" / "optim_world_size_1_rank_0.pt", weights_only=False)
-
-
 def test_the_optimizer_is_adamw_with_its_decay_and_warm_up(run):
     """Read back from the checkpoint and the metrics: AdamW with decoupled weight decay at the test's rate,
     and the rate each step reports (the next step's) ramped over the run, across the restart."""
-    group = _optimizer_state(run["unbroken"])["param_groups"][0]
+    group = checkpoint_optimizer_state(run["unbroken"], UNBROKEN_UNTIL)["param_groups"][0]
     assert group["decoupled_weight_decay"] and group["weight_decay"] == WEIGHT_DECAY
     assert group["initial_lr"] == LR and group["betas"] == (0.9, 0.999)
     rates = [run["metrics"][step]["actor/lr"] for step in range(1, STEPS + 1)]
@@ -286,13 +279,13 @@ def test_the_resumed_step_makes_the_uninterrupted_runs_update_to_the_last_bit(ru
     """The restart's step 3 trains the rows the uninterrupted step 3 trained, from step 2's weights and
     optimizer state: one rank each, the same rows in the same order, so the same arithmetic."""
     resumed = checkpoint_weights(run["work"], UNBROKEN_UNTIL, "actor")
-    unbroken = _actor_weights(run["unbroken"])
+    unbroken = checkpoint_weights(run["unbroken"], UNBROKEN_UNTIL, "actor")
     before = checkpoint_weights(run["work"], KILLED_AFTER, "actor")
     assert resumed.keys() == unbroken.keys()
     assert any(not torch.equal(unbroken[name], before[name]) for name in unbroken)  # the step moved the weights
     assert all(torch.equal(resumed[name], unbroken[name]) for name in resumed)
-    moments = _optimizer_state(run["work"] / "checkpoints" / f"global_step_{UNBROKEN_UNTIL}")["state"]
-    for index, state in _optimizer_state(run["unbroken"])["state"].items():
+    moments = checkpoint_optimizer_state(run["work"], UNBROKEN_UNTIL)["state"]
+    for index, state in checkpoint_optimizer_state(run["unbroken"], UNBROKEN_UNTIL)["state"].items():
         for moment in ("exp_avg", "exp_avg_sq"):  # FSDP2's DTensors, whole at one rank
             assert torch.equal(moments[index][moment].to_local(), state[moment].to_local()), (index, moment)
 
@@ -310,6 +303,9 @@ def test_a_resume_without_the_optimizer_state_makes_another_update(run):
     assert lines[0]["data"]["actor/lr"] == pytest.approx(run["metrics"][UNBROKEN_UNTIL]["actor/lr"])
     before = checkpoint_weights(run["work"], KILLED_AFTER, "actor")
     largest, excess = change_excess(
-        _actor_weights(run["unbroken"]), checkpoint_weights(control, UNBROKEN_UNTIL, "actor"), before, before
+        checkpoint_weights(run["unbroken"], UNBROKEN_UNTIL, "actor"),
+        checkpoint_weights(control, UNBROKEN_UNTIL, "actor"),
+        before,
+        before,
     )
     assert excess > 0.1 * largest, (excess, largest)

@@ -56,6 +56,7 @@ import pytest
 import torch
 from gpu_recipes import (
     change_excess,
+    checkpoint_optimizer_state,
     checkpoint_weights,
     finish,
     kill_run,
@@ -259,7 +260,7 @@ def async_run(runs, tiny_model_dir, retriever_url) -> Path:
 
 
 @pytest.fixture(scope="module")
-def resumed_without_optimizer_state(runs, tiny_model_dir, retriever_url) -> Path:
+def resumed_withoutcheckpoint_optimizer_state(runs, tiny_model_dir, retriever_url) -> Path:
     """Run D (mem1): run A's complete step-1 checkpoint, resumed at one rank without the optimizer's state."""
     work = runs["one"].parent / "without_optimizer_state"
     checkpoints = work / "checkpoints"
@@ -340,17 +341,11 @@ def test_the_resumed_run_kept_the_learning_rate_schedule(runs):
             assert [line["data"][f"{role}/lr"] for line in metrics(runs[run])] == pytest.approx(expected), (run, role)
 
 
-def _optimizer_state(run: Path, step: int) -> dict:
-    return torch.load(
-        run / "checkpoints" / f"global_step_{step}" / "actor" / "optim_world_size_1_rank_0.pt", weights_only=False
-    )
-
-
 @pytest.mark.parametrize("runs", ["mem1"], indirect=True)
 def test_the_optimizer_is_adamw_with_its_weight_decay(runs):
     """Read back from run A's checkpoint: AdamW (decoupled weight decay) at the test's rate and decay, and
     after step 3 the moments of its six optimizer steps for every parameter."""
-    saved = _optimizer_state(runs["one"], 3)
+    saved = checkpoint_optimizer_state(runs["one"], 3)
     group = saved["param_groups"][0]
     assert group["decoupled_weight_decay"] and group["weight_decay"] == WEIGHT_DECAY
     assert group["initial_lr"] == LR["mem1"] and group["betas"] == (0.9, 0.999)
@@ -371,7 +366,7 @@ def test_a_resume_without_the_optimizer_state_falls_outside_the_bound(runs, resu
     rate = LR["mem1"]
     assert [line["data"]["actor/lr"] for line in metrics(work)] == pytest.approx([rate * 2 / 3, rate])
     steps = 2 * MEM1_OPTIMIZER_STEPS  # moments from step 2 on
-    assert all(state["step"] == steps for state in _optimizer_state(work, 3)["state"].values())
+    assert all(state["step"] == steps for state in checkpoint_optimizer_state(work, 3)["state"].values())
     initial = model_weights(runs["initial"])
     for step in (2, 3):
         largest, excess = change_excess(
