@@ -27,7 +27,7 @@ AGENT = "memsearcher"
 #: the committed sweep whose ReAct figures the job prints beside its own
 SWEEP_RECORDS = REPO / "benchmarks" / "results" / "papers_claim_fresh.json"
 #: the name the sweep ran the recipe's settings (composed_doors_fresh.yaml's lr and KL) under
-RECIPE_SETTINGS = "lr3e-5_kl1e-2_t1.0"
+RECIPE_SETTINGS = "lr3e-5_kl5e-2_t0.7"
 
 
 def step_line(record: dict) -> str:

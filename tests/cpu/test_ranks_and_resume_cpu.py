@@ -260,7 +260,7 @@ def async_run(runs, tiny_model_dir, retriever_url) -> Path:
 
 
 @pytest.fixture(scope="module")
-def resumed_withoutcheckpoint_optimizer_state(runs, tiny_model_dir, retriever_url) -> Path:
+def resumed_without_optimizer_state(runs, tiny_model_dir, retriever_url) -> Path:
     """Run D (mem1): run A's complete step-1 checkpoint, resumed at one rank without the optimizer's state."""
     work = runs["one"].parent / "without_optimizer_state"
     checkpoints = work / "checkpoints"

@@ -57,16 +57,18 @@ def test_the_report_labels_each_figure_and_ends_in_json(capsys, monkeypatch, tmp
     assert json.loads(out[-1]) == result and result["react_peak_k8"] == 3100 and result["em_after_rl_k1"] == 1.0
 
 
-def test_the_committed_records_of_the_recipes_settings_ran_the_recipes_lr_and_kl():
+def test_the_committed_records_of_the_recipes_settings_ran_the_recipes_lr_kl_and_temperature():
     """The job prints ReAct's figures of the sweep's cells named `RECIPE_SETTINGS`: they ran the values the recipe
     holds now (the sweep gave them as overrides, before the recipe took them)."""
     from omegaconf import OmegaConf
 
-    actor = OmegaConf.load(main_job.REPO / "recipes" / "cpu" / "composed_doors_fresh.yaml").actor_rollout_ref.actor
+    recipe = OmegaConf.load(main_job.REPO / "recipes" / "cpu" / "composed_doors_fresh.yaml").actor_rollout_ref
+    actor = recipe.actor
     records = json.loads(main_job.SWEEP_RECORDS.read_text())
     runs = [r for r in records if r.get("settings_name") == main_job.RECIPE_SETTINGS]
-    assert {r["agent"] for r in runs} >= {"memsearcher"}
+    assert {r["agent"] for r in runs} == {"memsearcher", "mem1", "react"}
     for record in runs:
         settings = dict(override.split("=", 1) for override in record["settings"])
         assert float(settings["actor_rollout_ref.actor.optim.lr"]) == actor.optim.lr
         assert float(settings["actor_rollout_ref.actor.kl_loss_coef"]) == actor.kl_loss_coef
+        assert float(settings["actor_rollout_ref.rollout.temperature"]) == recipe.rollout.temperature
