@@ -33,10 +33,8 @@ from itertools import pairwise
 
 import pytest
 from gpu_recipes import step_metrics, trained_rows
-from vllm_cpu import require_vllm_cpu
 
 from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
-from memagent_examples.papers_claim.sweep import Sweep, shipped_seed
 from verl_memagent.cpu import SEPARATE_ASYNC_ONE_REPLICA
 from verl_memagent.trajectories.files import read_records
 
@@ -75,21 +73,6 @@ RUNS = {
     ("memagent_colocate_async", "mem1"): GAE,
     ("memagent_separate_async", "memsearcher"): SEPARATE,
 }
-AGENTS = ("mem1", "memsearcher")
-
-
-@pytest.fixture(scope="module")
-def composed(tmp_path_factory):
-    """The composed task of the shipped warm starts, its index and its retriever, built once (about a minute)."""
-    require_vllm_cpu()
-    work = tmp_path_factory.mktemp("composed")
-    sweep = Sweep(work, work / "records.json", shipped_seed(AGENTS), rl_objectives=RL_OBJECTIVES, starts=SHIPPED_STARTS)
-    try:
-        sweep.prepare(AGENTS)
-        yield sweep
-    finally:
-        if sweep.retriever is not None:
-            sweep.retriever.stop()
 
 
 @pytest.fixture(scope="module", params=list(RUNS), ids="-".join)
@@ -97,7 +80,7 @@ def run(request, composed, tmp_path_factory) -> dict:
     mode, agent = request.param
     work = tmp_path_factory.mktemp(f"{mode}_{agent}")
     overrides = [*COMMON, f"trainer.v1.trainer_mode={mode}", f"trainer.rollout_data_dir={work / 'rollouts'}"]
-    command, env = composed.rl_launch(agent, 0, work, (*overrides, *RUNS[request.param]))
+    command, env = composed(rl_objectives=RL_OBJECTIVES).rl_launch(agent, 0, work, (*overrides, *RUNS[request.param]))
     log = work / "train.log"
     with log.open("w") as out:
         done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=1700)
