@@ -5,6 +5,7 @@ two vLLM-CPU launches."""
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import async_speedup
@@ -116,3 +117,18 @@ def test_the_ratio_comes_with_the_launch_to_launch_spread():
     assert result["ratio_spread"]["tokens_per_s"] == [round(110 / 120, 2), 1.3]  # inside it: no speed-up shown
     launches = result["modes"]["memagent_sync"]["launches"]
     assert [run["tokens_per_s"] for run in launches] == [100.0, 120.0] and launches[0]["wall_s"] == 1.0
+
+
+def test_the_committed_figures_keep_every_launch_and_the_spread_they_make():
+    """benchmarks/results/async_speedup.json, which RESULTS quotes: each mode's launches with their own
+    figures, and the ratios and their spread as `compare` makes them from those launches."""
+    result = json.loads((REPO / "benchmarks" / "results" / "async_speedup.json").read_text())
+    sync, separate = (result["modes"][mode] for mode in async_speedup.MODES)
+    assert len(sync["launches"]) >= 2 and len(separate["launches"]) >= 2  # a spread needs two launches a mode
+    for name, (low, high) in result["ratio_spread"].items():
+        ours, theirs = ([run[name] for run in mode["launches"]] for mode in (separate, sync))
+        assert [low, high] == [round(min(ours) / max(theirs), 2), round(max(ours) / min(theirs), 2)], name
+        assert result["ratios"][name] == round(separate[name] / sync[name], 2)
+    for mode in (sync, separate):
+        steps = sum(run["steps_timed"] for run in mode["launches"])
+        assert mode["steps_timed"] == steps == len(mode["launches"]) * (result["steps"] - 1)
