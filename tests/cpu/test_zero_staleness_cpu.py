@@ -66,6 +66,7 @@ def sweep(composed) -> Sweep:
 
 
 def launch_command(sweep: Sweep, mode: str, work) -> tuple[list[str], dict]:
+    """`recipes/cpu/composed_doors.sh`'s command under `mode`, as this module and its dry run launch it."""
     return sweep.rl_launch(AGENT, 0, work, (*COMMON, *MODES[mode]))
 
 
