@@ -149,6 +149,32 @@ def checkpoint_optimizer_state(run: Path, step: int, role: str = "actor") -> dic
     return torch.load(path, weights_only=False)
 
 
+def unequal_tensors(one: dict, two: dict) -> list[str]:
+    """The names of two state dicts' tensors that differ in any bit (both must hold the same names)."""
+    import torch
+
+    assert one.keys() == two.keys(), sorted(one.keys() ^ two.keys())
+    return [name for name, value in one.items() if not torch.equal(value, two[name])]
+
+
+def unequal_moments(run: Path, other: Path, step: int, role: str = "actor") -> list[tuple[int, str]]:
+    """(parameter, field) of two one-rank runs' Adam states after `step` that differ in any bit: the moments
+    (FSDP2's DTensors, whole at one rank) and the step counts."""
+    import torch
+
+    def whole(value) -> torch.Tensor:
+        return value.to_local() if hasattr(value, "to_local") else torch.as_tensor(value)
+
+    mine, theirs = (checkpoint_optimizer_state(folder, step, role)["state"] for folder in (run, other))
+    assert mine.keys() == theirs.keys()
+    return [
+        (index, field)
+        for index, state in mine.items()
+        for field in ("exp_avg", "exp_avg_sq", "step")
+        if not torch.equal(whole(state[field]), whole(theirs[index][field]))
+    ]
+
+
 def change_excess(one: dict, two: dict, base_one: dict, base_two: dict) -> tuple[float, float]:
     """(largest change of run one, largest excess of |change two - change one| over two float32 roundings)."""
     import torch

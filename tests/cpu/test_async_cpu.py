@@ -27,16 +27,15 @@ and the metrics.
 
 from __future__ import annotations
 
-import subprocess
 from collections import defaultdict
 from itertools import pairwise
 
 import pytest
-from gpu_recipes import step_metrics, trained_rows
+from composed_runs import short_run, train
+from gpu_recipes import trained_rows
 
 from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
 from verl_memagent.cpu import SEPARATE_ASYNC_ONE_REPLICA
-from verl_memagent.trajectories.files import read_records
 
 # verl's main_ppo runs on CPU; a vLLM engine took 9 minutes to start on a loaded 2-core machine
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
@@ -45,14 +44,8 @@ THRESHOLD = 2  # verl's max_off_policy_threshold: the number of weight versions 
 STEPS, QUESTIONS, ROLLOUTS = 4, 2, 2
 RL_OBJECTIVES = (4, 8)  # the RL questions' objectives, in turn: five and nine contexts when answered
 COMMON = [
-    "rollout_backend=vllm",
+    *short_run(STEPS, QUESTIONS, ROLLOUTS),
     "trainer.save_freq=-1",
-    "trainer.test_freq=-1",
-    "trainer.val_before_train=False",
-    f"trainer.total_training_steps={STEPS}",
-    f"data.train_batch_size={QUESTIONS}",
-    f"actor_rollout_ref.rollout.n={ROLLOUTS}",
-    f"actor_rollout_ref.actor.ppo_mini_batch_size={QUESTIONS}",  # one update a step
     f"trainer.v1.sampler.max_off_policy_threshold={THRESHOLD}",
 ]
 GAE = [
@@ -80,18 +73,11 @@ def run(request, composed, tmp_path_factory) -> dict:
     mode, agent = request.param
     work = tmp_path_factory.mktemp(f"{mode}_{agent}")
     overrides = [*COMMON, f"trainer.v1.trainer_mode={mode}", f"trainer.rollout_data_dir={work / 'rollouts'}"]
-    command, env = composed(rl_objectives=RL_OBJECTIVES).rl_launch(agent, 0, work, (*overrides, *RUNS[request.param]))
-    log = work / "train.log"
-    with log.open("w") as out:
-        done = subprocess.run(command, stdout=out, stderr=subprocess.STDOUT, env=env, timeout=1700)
-    assert done.returncode == 0, log.read_text()[-8000:]
-    metric_steps, steps = step_metrics(work)
-    records = {step: read_records(work / "checkpoints" / "trajectories" / f"step_{step}.jsonl") for step in steps}
-    return {"agent": agent, "work": work, "metric_steps": metric_steps, "metrics": steps, "records": records}
+    return train(composed(rl_objectives=RL_OBJECTIVES), agent, work, (*overrides, *RUNS[request.param]))
 
 
 def test_the_mode_trains_its_steps(run):
-    assert run["metric_steps"] == list(range(1, STEPS + 1))  # one line per step: a step logged twice shows
+    assert run["steps"] == list(range(1, STEPS + 1))  # one line per step: a step logged twice shows
     assert all(record.agent == run["agent"] for records in run["records"].values() for record in records)
 
 

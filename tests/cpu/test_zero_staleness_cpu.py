@@ -27,15 +27,12 @@ trainer's arithmetic on them in the data's order (the trainer's `_balance_batch`
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
-import torch
-from gpu_recipes import checkpoint_weights, model_weights, step_metrics
+from composed_runs import short_run, train
+from gpu_recipes import checkpoint_weights, model_weights, unequal_tensors
 
 from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
 from memagent_examples.papers_claim.sweep import Sweep
-from verl_memagent.trajectories.files import read_records
 
 pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]  # two verl launches with vLLM-CPU engines
 
@@ -43,14 +40,8 @@ AGENT = "memsearcher"
 STEPS, QUESTIONS, ROLLOUTS = 3, 2, 4
 RL_OBJECTIVES = (2,)  # search, search, answer: three contexts when answered
 COMMON = [
-    "rollout_backend=vllm",
+    *short_run(STEPS, QUESTIONS, ROLLOUTS),
     f"trainer.save_freq={STEPS}",
-    "trainer.test_freq=-1",
-    "trainer.val_before_train=False",
-    f"trainer.total_training_steps={STEPS}",
-    f"data.train_batch_size={QUESTIONS}",
-    f"actor_rollout_ref.rollout.n={ROLLOUTS}",
-    f"actor_rollout_ref.actor.ppo_mini_batch_size={QUESTIONS}",  # one update a step
     "actor_rollout_ref.rollout.max_num_seqs=1",
     "actor_rollout_ref.rollout.enable_prefix_caching=False",
 ]
@@ -65,26 +56,15 @@ def sweep(composed) -> Sweep:
     return composed(rl_objectives=RL_OBJECTIVES, rl_agent_settings=(f"{AGENT}.sampling_seed=0",))
 
 
-def launch_command(sweep: Sweep, mode: str, work) -> tuple[list[str], dict]:
-    """`recipes/cpu/composed_doors.sh`'s command under `mode`, as this module and its dry run launch it."""
-    return sweep.rl_launch(AGENT, 0, work, (*COMMON, *MODES[mode]))
+def mode_overrides(mode: str) -> tuple[str, ...]:
+    """The overrides of `mode`'s launch, as this module and its dry run give them."""
+    return (*COMMON, *MODES[mode])
 
 
 @pytest.fixture(scope="module")
 def runs(sweep, tmp_path_factory) -> dict:
-    """Each mode's work folder, metrics by step and trajectory records by step."""
-    out = {}
-    for mode in MODES:
-        work = tmp_path_factory.mktemp(mode)
-        command, env = launch_command(sweep, mode, work)
-        log = work / "train.log"
-        with log.open("w") as stream:
-            done = subprocess.run(command, stdout=stream, stderr=subprocess.STDOUT, env=env, timeout=1700)
-        assert done.returncode == 0, log.read_text()[-8000:]
-        metric_steps, metrics = step_metrics(work)
-        records = {s: read_records(work / "checkpoints" / "trajectories" / f"step_{s}.jsonl") for s in metric_steps}
-        out[mode] = {"work": work, "log": log, "steps": metric_steps, "metrics": metrics, "records": records}
-    return out
+    """Each mode's run (`composed_runs.train`)."""
+    return {mode: train(sweep, AGENT, tmp_path_factory.mktemp(mode), mode_overrides(mode)) for mode in MODES}
 
 
 def trajectories(records) -> list[tuple]:
@@ -143,6 +123,5 @@ def test_the_two_trainers_make_the_same_update_to_the_last_bit(runs):
             assert colocated["metrics"][step].get(name) == sync["metrics"][step].get(name), (step, name)
     one, other = checkpoint_weights(sync["work"], STEPS, "actor"), checkpoint_weights(colocated["work"], STEPS, "actor")
     start = model_weights(SHIPPED_STARTS / AGENT)
-    assert one.keys() == other.keys() == start.keys()
-    assert any(not torch.equal(one[name], start[name]) for name in one)  # the updates moved the weights
-    assert all(torch.equal(one[name], other[name]) for name in one)
+    assert unequal_tensors(one, start)  # the updates moved the weights
+    assert unequal_tensors(one, other) == []

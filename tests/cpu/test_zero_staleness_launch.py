@@ -9,7 +9,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 from omegaconf import OmegaConf
-from test_zero_staleness_cpu import AGENT, MODES, launch_command
+from test_zero_staleness_cpu import AGENT, MODES, mode_overrides
 
 from memagent_examples.composed_doors.task import write_door_sets
 from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
@@ -24,7 +24,7 @@ def test_the_async_run_is_the_sync_run_but_for_its_trainer(tmp_path: Path, token
     sweep.retriever = SimpleNamespace(url="http://127.0.0.1:9")  # never called by a dry run
     configs = {}
     for mode in MODES:
-        command, env = launch_command(sweep, mode, tmp_path / mode)
+        command, env = sweep.rl_launch(AGENT, 0, tmp_path / mode, mode_overrides(mode))
         configs[mode] = compose(dry_run(command[1], env, command[2:]))
     colocated = configs["memagent_colocate_async"]
     # as written, each launch's own run folder named alike
