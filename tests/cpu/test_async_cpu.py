@@ -38,7 +38,7 @@ from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
 from verl_memagent.cpu import SEPARATE_ASYNC_ONE_REPLICA
 
 # verl's main_ppo runs on CPU; a vLLM engine took 9 minutes to start on a loaded 2-core machine
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
 
 THRESHOLD = 2  # verl's max_off_policy_threshold: the number of weight versions a trained group may span
 STEPS, QUESTIONS, ROLLOUTS = 4, 2, 2
@@ -57,9 +57,14 @@ GAE = [
 SEPARATE = [
     *SEPARATE_ASYNC_ONE_REPLICA,
     "trainer.v1.separate_async.parameter_sync_step=1",
-    # the replica's requests one at a time: generating a batch takes longer than training on one, so an
-    # update lands while trajectories run (at vLLM's 256 the replica finished every batch between two updates)
+    # the replica's requests one at a time, and a step that trains on the rollout's log-probs without a KL
+    # term (no old-log-prob or reference pass): generating a batch then takes about twice as long as training
+    # on one, so an update lands while trajectories run. At vLLM's 256 the replica finished every batch between
+    # two updates; with both passes the step took as long as a batch's generation, and one run in three saw no
+    # trajectory cut
     "actor_rollout_ref.rollout.max_num_seqs=1",
+    "algorithm.rollout_correction.bypass_mode=true",
+    "actor_rollout_ref.actor.use_kl_loss=false",
 ]
 #: (trainer mode, agent): the run's own overrides
 RUNS = {
