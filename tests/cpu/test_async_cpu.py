@@ -13,7 +13,8 @@ update a step, 4 steps:
 - `memagent_separate_async`, MemSearcher (multi-context GRPO): one trainer rank and one rollout replica of its
   own (`actor_rollout_ref.hybrid_engine=False`), the weights sent over our gloo checkpoint engine; launched
   with the settings docs/async.md gives and nothing by hand (no Ray resources, no log level). The replica
-  serves one request at a time, so that generating a batch outlasts training on one.
+  serves one request at a time and the step trains on the rollout's log-probs without a KL term (no
+  old-log-prob or reference pass), so that generating a batch outlasts training on one.
 
 MEM1 under separate_async ran here too while the trajectories were one context each; it repeated what these
 two show (the critic is the trainer's in both modes: only the actor's weights go to a replica).
