@@ -39,7 +39,7 @@ from memagent_examples.composed_doors.warm_start import SHIPPED_STARTS
 from verl_memagent.cpu import SEPARATE_ASYNC_ONE_REPLICA
 
 # verl's main_ppo runs on CPU; a vLLM engine took 9 minutes to start on a loaded 2-core machine
-pytestmark = [pytest.mark.engine, pytest.mark.timeout(1800)]
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(1800)]
 
 THRESHOLD = 2  # verl's max_off_policy_threshold: the number of weight versions a trained group may span
 STEPS, QUESTIONS, ROLLOUTS = 4, 2, 2
