@@ -1,6 +1,8 @@
 """FlashRAG JSON lines -> verl parquet, read back by verl's own RLHFDataset."""
 
 import json
+import subprocess
+import sys
 
 import pyarrow.parquet as pq
 import pytest
@@ -71,3 +73,17 @@ def test_verl_dataset_reads_the_parquet(data_dir, tmp_path, tokenizer):
     assert row["agent_name"] == "mem1"
     assert list(row["reward_model"]["ground_truth"]) == list(records[2].golden_answers)
     assert question_of(row) == records[2].question
+
+
+def test_prepare_imports_neither_verl_nor_torch(data_dir, tmp_path):
+    # every recipe and many tests run it before verl's trainer: importing the eval command's verl with it
+    # cost 6 of its 7.5 s
+    probe = (
+        "import json, sys; from verl_memagent.cli import main; "
+        f"main(['prepare', '--input', {str(data_dir / 'qa_multihop.jsonl')!r}, '--agent', 'memsearcher', "
+        f"'--limit', '2', '--out', {str(tmp_path / 'train.parquet')!r}]); "
+        "print(json.dumps(sorted({name.split('.')[0] for name in sys.modules})))"
+    )
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    loaded = set(json.loads(done.stdout.splitlines()[-1]))
+    assert loaded.isdisjoint({"verl", "torch", "transformers", "tensordict"}), loaded

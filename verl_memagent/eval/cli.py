@@ -6,12 +6,14 @@ import argparse
 import asyncio
 from dataclasses import dataclass, fields
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import yaml
 
-from verl_memagent.agent import AGENT_LOOPS_YAML, verl_sampling_params
-from verl_memagent.eval.judge import JudgeSettings
+from verl_memagent.agent import AGENT_LOOPS_YAML
+
+if TYPE_CHECKING:
+    from verl_memagent.eval.judge import JudgeSettings
 
 AGENTS = ("memsearcher", "mem1", "react")
 
@@ -168,12 +170,16 @@ class EvalOptions:
 
     def sampling_params(self) -> dict[str, Any]:
         """What verl's validation sends: top_k off, no repetition penalty."""
+        from verl_memagent.agent import verl_sampling_params  # imports verl: only when an eval runs
+
         return verl_sampling_params(self.temperature, self.top_p, logprobs=False)
 
     def judge(self) -> JudgeSettings | None:
         """The LLM judge asked for, or None."""
         if not self.judge_url:
             return None
+        from verl_memagent.eval.judge import JudgeSettings  # imports verl: only when an eval runs
+
         return JudgeSettings(
             url=self.judge_url,
             model=self.judge_model,
