@@ -58,11 +58,9 @@ GAE = [
 SEPARATE = [
     *SEPARATE_ASYNC_ONE_REPLICA,
     "trainer.v1.separate_async.parameter_sync_step=1",
-    # the replica's requests one at a time, and a step that trains on the rollout's log-probs without a KL
-    # term (no old-log-prob or reference pass): generating a batch then takes about twice as long as training
-    # on one, so an update lands while trajectories run. At vLLM's 256 the replica finished every batch between
-    # two updates; with both passes the step took as long as a batch's generation, and one run in three saw no
-    # trajectory cut
+    # so that an update lands while trajectories run (the module's docstring): at vLLM's 256 requests the
+    # replica finished every batch between two updates; with both passes a step took as long as a batch's
+    # generation, and one run in three saw no trajectory cut
     "actor_rollout_ref.rollout.max_num_seqs=1",
     "algorithm.rollout_correction.bypass_mode=true",
     "actor_rollout_ref.actor.use_kl_loss=false",
